@@ -1,0 +1,3 @@
+from dprun.cli import main
+
+main()

@@ -1,0 +1,118 @@
+"""Spec → validated spec: parse strictly, check the rules, check the input schemas.
+
+Both layers run before any data row is read and report every problem they find,
+each located as `file:line:col: field.path: message`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from dprun.errors import Problem, SpecError
+from dprun.spec.input_schema import InputInfo, inspect_inputs
+from dprun.spec.models import Spec
+from dprun.spec.rules import Finding, spec_findings
+from dprun.spec.yaml_loader import FieldPath, Marks, dotted, load_document, locate
+
+__all__ = ["LoadedSpec", "ValidatedSpec", "load_spec", "validate_spec", "Spec"]
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A spec that passed the spec-only checks, with where it came from."""
+
+    path: Path
+    spec: Spec
+    marks: Marks
+    sha256: str
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+    def resolve(self, relative: str) -> Path:
+        candidate = Path(relative)
+        return (candidate if candidate.is_absolute() else self.base_dir / candidate).resolve()
+
+    def problems(self, findings: list[Finding]) -> list[Problem]:
+        return [_problem(str(self.path), self.marks, path, message) for path, message in findings]
+
+
+@dataclass(frozen=True)
+class ValidatedSpec:
+    """A spec that also matches its inputs' schemas; the planner's only input."""
+
+    loaded: LoadedSpec
+    inputs: dict[str, InputInfo]
+
+    @property
+    def spec(self) -> Spec:
+        return self.loaded.spec
+
+
+def load_spec(path: Path) -> LoadedSpec:
+    data, marks = load_document(path)
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    filename = str(path)
+    if not isinstance(data, dict):
+        raise SpecError([Problem(filename, 1, 1, "", "the spec must be a mapping of fields (version, budget, ...)")])
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_pydantic_problems(exc, filename, marks, data)) from None
+    loaded = LoadedSpec(path=path, spec=spec, marks=marks, sha256=sha256)
+    findings = spec_findings(spec, loaded.base_dir)
+    if findings:
+        raise SpecError(loaded.problems(findings))
+    return loaded
+
+
+def validate_spec(path: Path) -> ValidatedSpec:
+    loaded = load_spec(path)
+    inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir)
+    if findings:
+        raise SpecError(loaded.problems(findings))
+    return ValidatedSpec(loaded=loaded, inputs=inputs)
+
+
+def _problem(filename: str, marks: Marks, path: FieldPath, message: str) -> Problem:
+    line, column = locate(marks, path)
+    return Problem(filename, line, column, dotted(path), message)
+
+
+def _pydantic_problems(exc: ValidationError, filename: str, marks: Marks, data: Any) -> list[Problem]:
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        path = _document_path(error["loc"], data, missing=error["type"] == "missing")
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing":
+            message = "this field is required"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see docs/spec.md)"
+        problems.append(_problem(filename, marks, path, message))
+    return problems
+
+
+def _document_path(loc: tuple[int | str, ...], data: Any, missing: bool = False) -> FieldPath:
+    """Drop pydantic's union/validator tags from a location, keeping the fields a user wrote.
+
+    A part is a field the user wrote if it is a key of the mapping at that point, or
+    the last part of a `missing` error (the required field that is absent).
+    """
+    path: list[str | int] = []
+    node = data
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int):
+            path.append(part)
+            node = node[part] if 0 <= part < len(node) else None
+        elif missing and index == len(loc) - 1 and isinstance(part, str):
+            path.append(part)
+    return tuple(path)

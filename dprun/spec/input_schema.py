@@ -1,0 +1,183 @@
+"""Check a spec against its inputs' schemas without reading data rows.
+
+Parquet schemas come from the file footers; CSV and NDJSON schemas are inferred
+by Polars from the header and a small sample of lines (as `scan_*` does). No
+message here quotes a value from a data file: Polars' own messages can, so they
+are never passed on.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from dprun.spec.models import KINDS_WITH_VALUES, Query, Spec
+from dprun.spec.rules import Finding
+from dprun.spec.yaml_loader import FieldPath
+
+SCHEMA_SAMPLE_ROWS = 1000
+SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".ndjson": "ndjson", ".jsonl": "ndjson"}
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    name: str
+    paths: tuple[Path, ...]
+    format: str
+    schema: dict[str, pl.DataType]
+
+
+def input_format(path: str, declared: str | None) -> str | None:
+    if declared is not None:
+        return declared
+    return SUFFIX_FORMATS.get(Path(path.rstrip("*")).suffix.lower())
+
+
+def resolve_paths(pattern: str, base_dir: Path) -> tuple[Path, ...]:
+    full = pattern if Path(pattern).is_absolute() else str(base_dir / pattern)
+    if glob.has_magic(full):
+        return tuple(sorted(Path(p) for p in glob.glob(full, recursive=True) if Path(p).is_file()))
+    return (Path(full),) if Path(full).is_file() else ()
+
+
+def scan(info: InputInfo) -> pl.LazyFrame:
+    """A lazy scan of an input with the schema fixed at validation time."""
+    sources = [str(p) for p in info.paths]
+    if info.format == "parquet":
+        return pl.scan_parquet(sources)
+    if info.format == "csv":
+        return pl.scan_csv(sources, schema=info.schema)
+    return pl.scan_ndjson(sources, schema=info.schema)
+
+
+def read_schema(paths: tuple[Path, ...], fmt: str) -> dict[str, pl.DataType]:
+    sources = [str(p) for p in paths]
+    if fmt == "parquet":
+        frame = pl.scan_parquet(sources)
+    elif fmt == "csv":
+        frame = pl.scan_csv(sources, infer_schema_length=SCHEMA_SAMPLE_ROWS)
+    else:
+        frame = pl.scan_ndjson(sources, infer_schema_length=SCHEMA_SAMPLE_ROWS)
+    return dict(frame.collect_schema())
+
+
+def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], list[Finding]]:
+    infos: dict[str, InputInfo] = {}
+    findings: list[Finding] = []
+    for name, declared in spec.inputs.items():
+        at: FieldPath = ("inputs", name, "path")
+        fmt = input_format(declared.path, declared.format)
+        if fmt is None:
+            findings.append((at, "cannot tell the format from the suffix; set `format: csv | parquet | ndjson`"))
+            continue
+        paths = resolve_paths(declared.path, base_dir)
+        if not paths:
+            findings.append((at, f"no file matches '{declared.path}' (relative to the spec file's folder)"))
+            continue
+        try:
+            schema = read_schema(paths, fmt)
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} file?"))
+            continue
+        if not schema:
+            findings.append((at, "the input has no columns (empty file?)"))
+            continue
+        infos[name] = InputInfo(name, paths, fmt, schema)
+    for index, query in enumerate(spec.queries):
+        info = infos.get(query.input)
+        if info is not None:
+            findings += _query_columns(spec, query, info, ("queries", index))
+            findings += [(("queries", index, *path), msg) for path, msg in _public_file(query, base_dir)]
+    return infos, findings
+
+
+def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> list[Finding]:
+    findings: list[Finding] = []
+    schema = info.schema
+
+    def need(column: str, where: FieldPath) -> None:
+        if column not in schema:
+            findings.append((where, f"column '{column}' is not in input '{info.name}' (query '{query.name}')"))
+
+    for column in spec.privacy_unit_columns:
+        need(column, ("privacy_unit",))
+    for index, column in enumerate(query.group_by):
+        need(column, (*at, "group_by", index))
+    for index, metric in enumerate(query.metrics):
+        if metric.column is None:
+            continue
+        need(metric.column, (*at, "metrics", index, "column"))
+        if metric.kind in KINDS_WITH_VALUES and metric.column in schema:
+            dtype = schema[metric.column]
+            if not (dtype.is_numeric() or dtype == pl.Boolean):
+                findings.append(
+                    ((*at, "metrics", index, "column"), f"column '{metric.column}' is {dtype}, not numeric")
+                )
+    if query.filter is not None:
+        findings += [((*at, *path), msg) for path, msg in _filter_findings(query.filter, schema, info.name)]
+    return findings
+
+
+def _filter_findings(text: str, schema: dict[str, pl.DataType], input_name: str) -> list[Finding]:
+    try:
+        expression = pl.sql_expr(text)
+        names = expression.meta.root_names()
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        return [(("filter",), f"the filter is not a valid SQL expression: {_short(str(exc))}")]
+    missing = [name for name in names if name not in schema]
+    if missing:
+        return [(("filter",), f"the filter names unknown column(s) {', '.join(missing)} of input '{input_name}'")]
+    try:
+        pl.LazyFrame(schema=schema).filter(expression).collect_schema()
+    except pl.exceptions.PolarsError as exc:
+        return [(("filter",), f"the filter does not apply to input '{input_name}': {_short(str(exc))}")]
+    return []
+
+
+def _short(message: str) -> str:
+    # The filter text comes from the spec, so Polars' message about it may be shown; keep its first line.
+    return message.strip().splitlines()[0] if message.strip() else "invalid expression"
+
+
+def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """The public partition keys as a frame with the group_by columns, typed like the input."""
+    partitions = query.partitions
+    assert partitions is not None and partitions.is_public
+    if partitions.public is not None:
+        rows = [key if isinstance(key, list) else [key] for key in partitions.public]
+        columns = {col: [row[i] for row in rows] for i, col in enumerate(query.group_by)}
+        frame = pl.DataFrame(columns, strict=False)
+    else:
+        path = Path(partitions.public_file or "")
+        path = path if path.is_absolute() else base_dir / path
+        frame = pl.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pl.read_csv(
+            path, infer_schema_length=0
+        )
+        frame = frame.select(query.group_by)
+    casts = [pl.col(c).cast(schema[c], strict=True) for c in query.group_by if c in schema]
+    return frame.with_columns(casts).unique(maintain_order=True)
+
+
+def _public_file(query: Query, base_dir: Path) -> list[Finding]:
+    partitions = query.partitions
+    if partitions is None or partitions.public_file is None:
+        return []
+    at: FieldPath = ("partitions", "public_file")
+    path = Path(partitions.public_file)
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        return [(at, f"public partition file '{partitions.public_file}' not found")]
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            columns = list(pl.read_parquet_schema(path))
+        else:
+            columns = list(pl.scan_csv(path, infer_schema_length=0).collect_schema())
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        return [(at, f"cannot read the public partition file ({type(exc).__name__})")]
+    missing = [c for c in query.group_by if c not in columns]
+    if missing:
+        return [(at, f"the public partition file lacks group_by column(s) {', '.join(missing)}")]
+    return []

@@ -1,0 +1,158 @@
+"""The spec language, version 1: pydantic models whose field names are the public contract.
+
+docs/spec.md documents every field; docs/dprun.schema.json is generated from these
+models (`dprun schema`) and a test keeps it current.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NoiseChoice = Literal["auto", "laplace", "gaussian"]
+SelectionChoice = Literal[
+    "auto", "truncated_geometric", "laplace_threshold", "gaussian_threshold", "released_count"
+]
+MetricKind = Literal[
+    "count", "privacy_id_count", "sum", "mean", "variance", "stddev",
+    "quantile", "median", "min", "max",
+]
+KINDS_WITH_VALUES: frozenset[str] = frozenset(
+    {"sum", "mean", "variance", "stddev", "quantile", "median", "min", "max"}
+)
+
+PositiveWeight = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Scalar = str | int | float | bool
+
+
+class Strict(BaseModel):
+    # An unknown field is an error: a misspelt `epsilon` must never fall back to a default.
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+class Lifetime(Strict):
+    epsilon: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    delta: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+
+
+class Budget(Strict):
+    epsilon: Annotated[float, Field(gt=0, allow_inf_nan=False, description="Total ε for the whole spec.")]
+    delta: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, description="Total δ; 0 means pure DP.")] = 0.0
+    accounting: Literal["basic", "pld"] = "basic"
+    lifetime: Lifetime | None = Field(default=None, description="Most any dataset may spend over all releases (ledger).")
+
+
+class InputSpec(Strict):
+    path: str = Field(min_length=1, description="A file or a glob; relative to the spec file.")
+    format: Literal["csv", "parquet", "ndjson"] | None = None
+
+
+class Partitions(Strict):
+    public: list[Scalar | list[Scalar]] | None = Field(
+        default=None, description="The released partition keys; one value per key, or a list per key for several group_by columns."
+    )
+    public_file: str | None = Field(default=None, description="CSV/Parquet file holding the group_by columns.")
+    selection: SelectionChoice = "auto"
+    budget_share: PositiveWeight = 1.0
+    min_privacy_units: Annotated[int, Field(ge=1)] = 1
+    second_bounding: bool = True
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Partitions:
+        if self.public is not None and self.public_file is not None:
+            raise ValueError("give either `public` or `public_file`, not both")
+        return self
+
+    @property
+    def is_public(self) -> bool:
+        return self.public is not None or self.public_file is not None
+
+
+class ContributionBounds(Strict):
+    max_partitions_contributed: Annotated[int, Field(ge=1, le=10**6)]
+    max_contributions_per_partition: Annotated[int, Field(ge=1, le=10**6)]
+
+
+class Metric(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    kind: MetricKind
+    column: str | None = None
+    bounds: tuple[float, float] | None = None
+    q: float | list[float] | None = None
+    budget_share: PositiveWeight = 1.0
+    noise: NoiseChoice | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _finite_ordered(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is None:
+            return value
+        lower, upper = value
+        if not (math.isfinite(lower) and math.isfinite(upper)):
+            raise ValueError("bounds must be finite numbers")
+        if not lower < upper:
+            raise ValueError(f"lower bound {lower} must be smaller than upper bound {upper}")
+        return value
+
+    @field_validator("q")
+    @classmethod
+    def _quantile_levels(cls, value: float | list[float] | None) -> float | list[float] | None:
+        levels = value if isinstance(value, list) else [value] if value is not None else []
+        if isinstance(value, list) and not value:
+            raise ValueError("q needs at least one level")
+        for level in levels:
+            if not (0.0 <= level <= 1.0):
+                raise ValueError(f"quantile level {level} is not in [0, 1]")
+        return value
+
+    @model_validator(mode="after")
+    def _needs(self) -> Metric:
+        if self.kind in KINDS_WITH_VALUES:
+            if self.column is None:
+                raise ValueError(f"a `{self.kind}` metric needs `column`")
+            if self.bounds is None:
+                raise ValueError(f"a `{self.kind}` metric needs `bounds: [lower, upper]`")
+        if self.kind == "privacy_id_count" and self.column is not None:
+            raise ValueError("a `privacy_id_count` metric takes no `column`")
+        if self.kind == "quantile" and self.q is None:
+            raise ValueError("a `quantile` metric needs `q`: a level in [0, 1] or a list of them")
+        if self.kind != "quantile" and self.q is not None:
+            raise ValueError(f"`q` is only for `quantile` metrics, not `{self.kind}`")
+        return self
+
+
+class Output(Strict):
+    path: str = Field(min_length=1)
+    format: Literal["parquet", "csv"] | None = None
+    overwrite: bool = False
+
+
+class Query(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    input: str
+    filter: str | None = Field(default=None, description="Row filter, a Polars SQL expression.")
+    group_by: list[str] = Field(default_factory=list)
+    partitions: Partitions | None = None
+    contribution_bounds: ContributionBounds
+    metrics: list[Metric] = Field(min_length=1)
+    budget_share: PositiveWeight = 1.0
+    noise: NoiseChoice = "auto"
+    output: Output
+
+
+class Spec(Strict):
+    version: Literal[1]
+    name: str | None = None
+    privacy_unit: str | list[str]
+    budget: Budget
+    inputs: dict[str, InputSpec] = Field(min_length=1)
+    queries: list[Query] = Field(min_length=1)
+    report: str = Field(default="report.json", description="The accounting report; Markdown is written beside it.")
+    dataset: str | None = Field(default=None, description="A stable id of the dataset, for the ledger.")
+    ledger: str | None = Field(default=None, description="Release ledger (JSON lines) to record and check releases.")
+
+    @property
+    def privacy_unit_columns(self) -> list[str]:
+        return [self.privacy_unit] if isinstance(self.privacy_unit, str) else list(self.privacy_unit)

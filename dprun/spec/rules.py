@@ -1,0 +1,127 @@
+"""Spec rules that span several fields (references, uniqueness, δ = 0 consequences).
+
+Each rule yields (field path, message); `dprun.spec.load` turns them into
+located problems. Rules never look at data, only at the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from dprun.spec.models import Query, Spec
+from dprun.spec.yaml_loader import FieldPath
+
+Finding = tuple[FieldPath, str]
+
+
+def spec_findings(spec: Spec, base_dir: Path) -> list[Finding]:
+    findings: list[Finding] = []
+    findings += _unique_query_names(spec)
+    findings += _outputs_distinct(spec, base_dir)
+    for index, query in enumerate(spec.queries):
+        at: FieldPath = ("queries", index)
+        if query.input not in spec.inputs:
+            known = ", ".join(sorted(spec.inputs))
+            findings.append(((*at, "input"), f"no input named '{query.input}' (inputs: {known})"))
+        findings += [((*at, *path), message) for path, message in _query_findings(query, spec)]
+    return findings
+
+
+def _unique_query_names(spec: Spec) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for index, query in enumerate(spec.queries):
+        if query.name in seen:
+            yield ("queries", index, "name"), f"query name '{query.name}' is used twice"
+        seen.add(query.name)
+
+
+def _outputs_distinct(spec: Spec, base_dir: Path) -> Iterator[Finding]:
+    inputs = {(base_dir / i.path).resolve() for i in spec.inputs.values()}
+    report = (base_dir / spec.report).resolve()
+    seen: dict[Path, str] = {}
+    for index, query in enumerate(spec.queries):
+        target = (base_dir / query.output.path).resolve()
+        at = ("queries", index, "output", "path")
+        if target in seen:
+            yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
+        if target in inputs:
+            yield at, "the output path is an input path; dprun never overwrites its inputs"
+        if target == report:
+            yield at, "the output path is the report path"
+        if target.suffix.lower() not in (".parquet", ".csv") and query.output.format is None:
+            yield at, "cannot tell the output format: use a .parquet or .csv suffix, or set `format`"
+        seen[target] = query.name
+    if report.suffix.lower() != ".json":
+        yield ("report",), "the report path must end in .json (the Markdown report is written beside it)"
+
+
+def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
+    pure = spec.budget.delta == 0
+    yield from _metric_names(query)
+    for index, metric in enumerate(query.metrics):
+        if pure and (metric.noise or query.noise) == "gaussian":
+            yield ("metrics", index, "noise"), "Gaussian noise needs delta > 0; set budget.delta or use laplace"
+    if pure and query.noise == "gaussian" and not query.metrics:
+        yield ("noise",), "Gaussian noise needs delta > 0"
+    partitions = query.partitions
+    if not query.group_by:
+        if partitions is not None:
+            yield ("partitions",), "a query without group_by has one global partition; remove `partitions`"
+        return
+    if partitions is None or not partitions.is_public:
+        if pure:
+            where: FieldPath = ("partitions", "selection") if partitions is not None else ("group_by",)
+            yield where, (
+                "private partition selection needs delta > 0: set budget.delta, "
+                "or list the partitions with `partitions.public` / `partitions.public_file`"
+            )
+        if partitions is not None and partitions.selection == "released_count":
+            if not any(m.kind in ("count", "privacy_id_count") for m in query.metrics):
+                yield ("partitions", "selection"), (
+                    "`released_count` thresholds a released count: add a count or privacy_id_count metric"
+                )
+        if partitions is not None and partitions.selection == "gaussian_threshold" and pure:
+            yield ("partitions", "selection"), "gaussian_threshold needs delta > 0"
+        return
+    if partitions.public is not None:
+        if not partitions.public:
+            yield ("partitions", "public"), "the public partition list is empty; nothing would be released"
+        width = len(query.group_by)
+        for index, key in enumerate(partitions.public):
+            arity = len(key) if isinstance(key, list) else 1
+            if arity != width:
+                yield ("partitions", "public", index), (
+                    f"a key has {arity} value(s) but group_by has {width} column(s)"
+                )
+
+
+def _metric_names(query: Query) -> Iterator[Finding]:
+    taken = set(query.group_by)
+    for index, metric in enumerate(query.metrics):
+        for column in output_columns(metric.name, metric.kind, metric.q):
+            if column in taken:
+                yield ("metrics", index, "name"), f"output column '{column}' is used twice in this query"
+            taken.add(column)
+
+
+def quantile_levels(kind: str, q: float | list[float] | None) -> list[float]:
+    """The quantile levels a metric releases (median, min and max are shorthands)."""
+    shorthand = {"median": [0.5], "min": [0.0], "max": [1.0]}
+    if kind in shorthand:
+        return shorthand[kind]
+    if kind != "quantile" or q is None:
+        return []
+    return list(q) if isinstance(q, list) else [q]
+
+
+def output_columns(name: str, kind: str, q: float | list[float] | None) -> list[str]:
+    """Output column names of a metric: `<name>_p<q·100>` per level of a multi-level quantile."""
+    if kind == "quantile" and isinstance(q, list) and len(q) > 1:
+        return [f"{name}_p{_percent(level)}" for level in q]
+    return [name]
+
+
+def _percent(level: float) -> str:
+    text = f"{level * 100:.6g}"
+    return text.replace(".", "_")

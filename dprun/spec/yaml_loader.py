@@ -1,0 +1,127 @@
+"""Strict loading of spec files (YAML 1.2 or JSON) with the line and column of every node.
+
+ruamel.yaml is used rather than PyYAML because it implements YAML 1.2 (so `no`
+and `yes` stay strings and `1e-6` is a float), refuses duplicate keys, and keeps
+line marks on every mapping and sequence in its round-trip mode. The round-trip
+tree is turned into plain dicts, lists and scalars; any tagged node (`!!python/...`
+or a custom tag) is refused, so no object is ever constructed from a spec.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from dprun.errors import Problem, SpecError
+
+FieldPath = tuple[str | int, ...]
+Marks = dict[FieldPath, tuple[int, int]]
+
+
+def load_document(path: Path) -> tuple[Any, Marks]:
+    """Read a spec file into plain Python data and a map from field path to (line, column), 1-based."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([Problem(str(path), None, None, "", "spec file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not readable as UTF-8 text"
+        raise SpecError([Problem(str(path), None, None, "", f"cannot read the spec file: {reason}")]) from None
+    return parse_text(text, str(path))
+
+
+def parse_text(text: str, filename: str) -> tuple[Any, Marks]:
+    yaml = YAML(typ="rt", pure=True)
+    yaml.allow_duplicate_keys = False
+    try:
+        tree = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        reason = _yaml_reason(exc)
+        raise SpecError([Problem(filename, line, column, "", reason)]) from None
+    except (YAMLError, ValueError, RecursionError) as exc:
+        raise SpecError([Problem(filename, None, None, "", f"not valid YAML/JSON ({type(exc).__name__})")]) from None
+    marks: Marks = {}
+    problems: list[Problem] = []
+    data = _plain(tree, (), marks, problems, filename)
+    if problems:
+        raise SpecError(problems)
+    return data, marks
+
+
+def _yaml_reason(exc: MarkedYAMLError) -> str:
+    problem = (exc.problem or "syntax error").strip()
+    if "duplicate key" in problem:
+        return "duplicate key: " + problem.split('"')[1] if '"' in problem else "duplicate key"
+    context = (exc.context or "").strip()
+    return f"{context}: {problem}" if context else problem
+
+
+def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], filename: str) -> Any:
+    if isinstance(node, (CommentedMap, CommentedSeq)):
+        if not path:
+            marks[()] = (node.lc.line + 1, node.lc.col + 1)
+        if getattr(getattr(node, "tag", None), "value", None) is not None:
+            # `!!python/object:...` or a custom tag on a mapping or sequence: refused like tagged scalars.
+            line, column = marks.get(path, (None, None))
+            problems.append(
+                Problem(filename, line, column, dotted(path), "tagged or unsupported YAML node; use plain values")
+            )
+            return None
+    if isinstance(node, CommentedMap):
+        result: dict[str, Any] = {}
+        for key in node:
+            line, column = node.lc.key(key)
+            child_path = (*path, str(key))
+            marks[child_path] = (line + 1, column + 1)
+            if not isinstance(key, str):
+                problems.append(Problem(filename, line + 1, column + 1, dotted(child_path), "keys must be strings"))
+                continue
+            result[key] = _plain(node[key], child_path, marks, problems, filename)
+        return result
+    if isinstance(node, CommentedSeq):
+        items = []
+        for index, item in enumerate(node):
+            line, column = node.lc.item(index)
+            child_path = (*path, index)
+            marks[child_path] = (line + 1, column + 1)
+            items.append(_plain(item, child_path, marks, problems, filename))
+        return items
+    if node is None or isinstance(node, (bool, int, float, str)):
+        # ruamel's scalar subclasses (ScalarFloat, ...) become the plain builtin.
+        if isinstance(node, bool) or node is None:
+            return node
+        for builtin in (int, float, str):
+            if isinstance(node, builtin):
+                return builtin(node)
+    if isinstance(node, (date, datetime)):
+        return node.isoformat()
+    line, column = marks.get(path, (None, None))
+    problems.append(
+        Problem(filename, line, column, dotted(path), "tagged or unsupported YAML node; use plain values")
+    )
+    return None
+
+
+def dotted(path: FieldPath) -> str:
+    """`queries[0].metrics[1].bounds` for a field path."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def locate(marks: Marks, path: FieldPath) -> tuple[int | None, int | None]:
+    """The line and column of the deepest node of `path` that exists in the file (at worst, the document's)."""
+    for end in range(len(path), -1, -1):
+        if path[:end] in marks:
+            return marks[path[:end]]
+    return None, None
+
+
