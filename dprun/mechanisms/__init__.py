@@ -1,0 +1,1 @@
+"""Noise mechanisms and the random sampling they rely on."""

@@ -1,0 +1,108 @@
+"""Metrics → the noisy per-partition quantities they are computed from, with their sensitivities.
+
+A metric is released as post-processing of one or more noisy sums over the
+partition (seed 003, "Computing MEAN, VARIANCE"; seed 001, Table 4.2):
+
+| metric            | noisy quantities                                      |
+|-------------------|-------------------------------------------------------|
+| count             | rows                                                  |
+| privacy_id_count  | privacy units                                         |
+| sum               | sum of clamped values                                 |
+| mean              | rows with a value, sum of values centred on the mid   |
+| variance, stddev  | the mean's two, plus sum of squared centred values    |
+
+Metrics of one query that need the same quantity share one noisy copy of it.
+
+Sums are accumulated in fixed point: every clamped value is rounded to an
+integer number of units of 2^exponent and clipped to the integer range its
+bounds allow, then summed exactly in integers. Floating-point sums can exceed
+their stated sensitivity through rounding and re-ordering (Casacuberta et al.
+2022, "Widespread underestimation of sensitivity in differentially private
+libraries"); integer sums cannot, so the sensitivity below holds exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq"]
+
+# Units per value: the largest |value| is about 2^VALUE_BITS units, so the rounding
+# error of one value is below 2^-VALUE_BITS of its range.
+VALUE_BITS = 30
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One per-partition integer sum that gets its own noise.
+
+    `unit_exponent`: values are counted in units of 2**unit_exponent (0 for counts).
+    `center`: subtracted from each clamped value before rounding (centred sums).
+    `max_units`: the largest |units| one row can add after rounding and clipping.
+    `linf_units`: the most one privacy unit can change this sum in one partition,
+    after per-partition bounding to `max_rows` rows: the L∞ sensitivity.
+    """
+
+    id: str
+    aggregate: Aggregate
+    column: str | None
+    lower: float | None
+    upper: float | None
+    center: float
+    unit_exponent: int
+    max_units: int
+    linf_units: int
+
+    @property
+    def unit(self) -> float:
+        return math.ldexp(1.0, self.unit_exponent)
+
+    @property
+    def is_integer_count(self) -> bool:
+        return self.aggregate in ("privacy_units", "rows")
+
+
+def metric_quantities(
+    kind: str, column: str | None, bounds: tuple[float, float] | None, max_rows: int
+) -> list[Quantity]:
+    """The quantities a metric needs, in a stable order; equal quantities have equal ids."""
+    aggregates: dict[str, list[Aggregate]] = {
+        "count": ["rows"],
+        "privacy_id_count": ["privacy_units"],
+        "sum": ["sum"],
+        "mean": ["rows", "centered_sum"],
+        "variance": ["rows", "centered_sum", "centered_sumsq"],
+        "stddev": ["rows", "centered_sum", "centered_sumsq"],
+    }
+    return [build_quantity(a, column, bounds, max_rows) for a in aggregates[kind]]
+
+
+def build_quantity(
+    aggregate: Aggregate, column: str | None, bounds: tuple[float, float] | None, max_rows: int
+) -> Quantity:
+    """The quantity for values of `column` clamped to `bounds`, at most `max_rows` rows per unit and partition."""
+    if aggregate == "privacy_units":
+        return Quantity("privacy_units", "privacy_units", None, None, None, 0.0, 0, 1, 1)
+    if aggregate == "rows":
+        qid = f"rows({column})" if column is not None else "rows"
+        return Quantity(qid, "rows", column, None, None, 0.0, 0, 1, max_rows)
+    assert bounds is not None and column is not None, "value quantities need a column and bounds"
+    lower, upper = bounds
+    center = (lower + upper) / 2 if aggregate != "sum" else 0.0
+    half = (upper - lower) / 2
+    largest = {"sum": max(abs(lower), abs(upper)), "centered_sum": half, "centered_sumsq": half * half}[aggregate]
+    exponent = math.frexp(largest)[1] - VALUE_BITS
+    max_units = math.ceil(math.ldexp(largest, -exponent))
+    return Quantity(
+        id=f"{aggregate}({column} in [{lower:g}, {upper:g}])",
+        aggregate=aggregate,
+        column=column,
+        lower=lower,
+        upper=upper,
+        center=center,
+        unit_exponent=exponent,
+        max_units=max_units,
+        linf_units=max_rows * max_units,
+    )

@@ -1,0 +1,116 @@
+"""The plan: everything `run` will do and `explain-budget` prints, as plain data.
+
+Built by `dprun.planner` from a validated spec and the input schemas only; no data
+row is read to make it. Engines execute it step for step and never compute a
+sensitivity, a noise scale or a threshold themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dprun.mechanisms.noise import NoisePlan
+from dprun.mechanisms.quantities import Quantity
+from dprun.mechanisms.selection import SelectionMechanism
+
+PartitionMode = Literal["global", "public", "private"]
+
+
+@dataclass(frozen=True)
+class NoisyQuantity:
+    """A per-partition integer sum and the noise it is released with."""
+
+    quantity: Quantity
+    noise: NoisePlan
+    budget_share: float
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    name: str
+    kind: str
+    column: str | None
+    bounds: tuple[float, float] | None
+    quantity_ids: tuple[str, ...]
+    output_columns: tuple[str, ...]
+    integer: bool  # released as integers (counts)
+
+
+@dataclass(frozen=True)
+class SelectionPlan:
+    """How released partitions are chosen.
+
+    mode `global`: one partition (no group_by); `public`: the listed keys, nothing else;
+    `private`: `mechanism` decides from the privacy-unit count of each partition, or,
+    for `released_count`, a threshold on the released noisy count `threshold_quantity`.
+    """
+
+    mode: PartitionMode
+    mechanism: str | None = None
+    detail: SelectionMechanism | None = None
+    epsilon: float = 0.0
+    delta: float = 0.0
+    threshold_quantity: str | None = None
+    threshold: float | None = None
+    min_privacy_units: int = 1
+    second_bounding: bool = False
+    units_for_50pct: int | None = None
+    units_for_95pct: int | None = None
+    candidates: dict[str, int] = field(default_factory=dict)  # mechanism → units for a 50% keep chance
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    name: str
+    input: str
+    filter: str | None
+    group_by: tuple[str, ...]
+    privacy_unit: tuple[str, ...]
+    max_partitions: int  # L0
+    max_rows: int  # L∞ in rows per partition
+    selection: SelectionPlan
+    quantities: tuple[NoisyQuantity, ...]
+    metrics: tuple[MetricPlan, ...]
+    output_path: Path
+    output_format: Literal["parquet", "csv"]
+    overwrite: bool
+    public_keys: Any = None  # polars DataFrame of public keys (mode `public`), else None
+    epsilon: float = 0.0
+    delta: float = 0.0
+
+    def quantity(self, quantity_id: str) -> NoisyQuantity:
+        return next(q for q in self.quantities if q.quantity.id == quantity_id)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec_name: str | None
+    spec_path: Path
+    spec_sha256: str
+    accounting: Literal["basic", "pld"]
+    budget_epsilon: float
+    budget_delta: float
+    total_epsilon: float  # the guarantee of the whole plan under its accounting (≤ budget)
+    total_delta: float
+    noise_multiplier: float  # < 1 when tight accounting allowed less noise than basic composition
+    queries: tuple[QueryPlan, ...]
+    report_path: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view of the plan (public keys are summarised by their number)."""
+        data = asdict(self)
+        for query, plan in zip(data["queries"], self.queries, strict=True):
+            query["public_keys"] = None if plan.public_keys is None else len(plan.public_keys)
+        return _jsonable(data)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -1,0 +1,368 @@
+"""Validated spec → Plan: budget split, noise choice and calibration, partition selection.
+
+Everything here is computed from the spec and the input schemas alone. The budget
+is split in two steps (docs/mechanisms.md, "Budget"):
+
+1. across queries in proportion to their `budget_share`;
+2. inside a query, ε across the noisy quantities and a separate partition selection
+   (each metric's share is spread evenly over the quantities it needs, and a quantity
+   needed by several metrics gets the sum), δ across the mechanisms that need δ
+   (Gaussian noise, partition selection) with the same weights.
+
+Under `accounting: basic` the guarantees add up (seed 002, Prop. 5). Under `pld` the
+planner then shrinks every noise scale by the one factor that keeps the tight
+composition (dp-accounting's privacy loss distributions) within the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dprun.errors import SpecError
+from dprun.mechanisms import accounting, selection
+from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_allowed
+from dprun.mechanisms.quantities import Quantity, metric_quantities
+from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan, SelectionPlan
+from dprun.spec import ValidatedSpec
+from dprun.spec.input_schema import public_keys_frame
+from dprun.spec.models import Metric, Query
+from dprun.spec.rules import output_columns
+
+# Each mechanism is calibrated for a hair less than its share so that float rounding in
+# the shares can never make the composed total exceed the budget.
+SHARE_SAFETY = 1.0 - 2.0**-40
+SEPARATE_SELECTIONS = ("truncated_geometric", "gaussian_threshold", "laplace_threshold")
+# How many times more units a separate selection (with Plume's second bounding) may need
+# than thresholding a released count, and still be preferred by `auto`.
+SEPARATE_SELECTION_SLACK = 1.5
+QUANTILE_KINDS = ("quantile", "median", "min", "max")
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """Budget weights of one query's parts, before any calibration."""
+
+    quantities: dict[str, float]
+    selection: float  # 0 when there is no private selection
+
+
+def make_plan(validated: ValidatedSpec) -> Plan:
+    spec = validated.spec
+    loaded = validated.loaded
+    _refuse_unsupported(validated)
+    total_weight = sum(q.budget_share for q in spec.queries)
+    shares = [(q, spec.budget.epsilon * q.budget_share / total_weight, spec.budget.delta * q.budget_share / total_weight)
+              for q in spec.queries]
+    try:
+        plans, multiplier = _plan_queries(shares, spec.budget.accounting, validated)
+    except ValueError as exc:
+        raise SpecError(validated.loaded.problems([(("budget",), f"cannot plan this spec: {exc}")])) from None
+    total_epsilon, total_delta = _total(plans, spec.budget.accounting, spec.budget.delta)
+    return Plan(
+        spec_name=spec.name,
+        spec_path=loaded.path,
+        spec_sha256=loaded.sha256,
+        accounting=spec.budget.accounting,
+        budget_epsilon=spec.budget.epsilon,
+        budget_delta=spec.budget.delta,
+        total_epsilon=total_epsilon,
+        total_delta=total_delta,
+        noise_multiplier=multiplier,
+        queries=tuple(plans),
+        report_path=loaded.resolve(spec.report),
+    )
+
+
+def _plan_queries(
+    shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec
+) -> tuple[list[QueryPlan], float]:
+    """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor.
+
+    The selection choice (`auto`) is made again under the shrunk noise, and the factor
+    recomputed for that choice, so the final plan is checked by tight accounting as is.
+    """
+    multiplier = 1.0
+    spec = validated.spec
+    for _ in range(2 if method == "pld" else 1):
+        mechanisms = [_choose_selection(q, eps, delta, multiplier, validated) for q, eps, delta in shares]
+        plans = [_plan_query(q, eps, delta, mech, 1.0, validated) for (q, eps, delta), mech in zip(shares, mechanisms)]
+        if method == "pld":
+            multiplier = _pld_multiplier(plans, spec.budget.epsilon, spec.budget.delta)
+            plans = [_plan_query(q, eps, delta, mech, multiplier, validated)
+                     for (q, eps, delta), mech in zip(shares, mechanisms)]
+    return plans, multiplier
+
+
+def _refuse_unsupported(validated: ValidatedSpec) -> None:
+    found = []
+    for index, query in enumerate(validated.spec.queries):
+        for m_index, metric in enumerate(query.metrics):
+            if metric.kind in QUANTILE_KINDS:
+                found.append((("queries", index, "metrics", m_index, "kind"),
+                              f"`{metric.kind}` metrics are accepted by the spec but not computed yet"))
+    if found:
+        raise SpecError(validated.loaded.problems(found))
+
+
+def _mode(query: Query) -> str:
+    if not query.group_by:
+        return "global"
+    return "public" if query.partitions is not None and query.partitions.is_public else "private"
+
+
+def _metric_quantities(query: Query) -> list[tuple[Metric, list[Quantity]]]:
+    m = query.contribution_bounds.max_contributions_per_partition
+    return [(metric, metric_quantities(metric.kind, metric.column, metric.bounds, m)) for metric in query.metrics]
+
+
+def _weights(query: Query, mechanism: str | None) -> _Weights:
+    weights: dict[str, float] = {}
+    for metric, quantities in _metric_quantities(query):
+        for quantity in quantities:
+            weights[quantity.id] = weights.get(quantity.id, 0.0) + metric.budget_share / len(quantities)
+    separate = mechanism is not None
+    selection_weight = query.partitions.budget_share if separate and query.partitions is not None else (
+        1.0 if separate else 0.0)
+    return _Weights(weights, selection_weight)
+
+
+def _noise_choices(query: Query) -> dict[str, NoiseKind | None]:
+    """Explicit noise per quantity (None = auto); metrics sharing a quantity must agree."""
+    chosen: dict[str, NoiseKind | None] = {}
+    for metric, quantities in _metric_quantities(query):
+        wanted = metric.noise or query.noise
+        kind: NoiseKind | None = None if wanted == "auto" else wanted  # type: ignore[assignment]
+        for quantity in quantities:
+            if quantity.id in chosen and chosen[quantity.id] not in (None, kind) and kind is not None:
+                raise ValueError(f"metrics share {quantity.id} but ask for different noise")
+            chosen[quantity.id] = chosen.get(quantity.id) or kind
+    return chosen
+
+
+def _plan_query(
+    query: Query, epsilon: float, delta: float, mechanism: str | None, multiplier: float, validated: ValidatedSpec
+) -> QueryPlan:
+    """The plan of one query for a given private selection mechanism (None: public or global)."""
+    bounds = query.contribution_bounds
+    l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
+    separate = mechanism in SEPARATE_SELECTIONS
+    weights = _weights(query, mechanism if separate else None)
+    private = _mode(query) == "private"
+    epsilon_weight = sum(weights.quantities.values()) + weights.selection
+    quantities = {q.id: q for _, qs in _metric_quantities(query) for q in qs}
+    kinds = _choose_noise(query, quantities, weights, epsilon, delta, private)
+    delta_consumers = {qid: w for qid, w in weights.quantities.items() if kinds[qid] == "gaussian"}
+    selection_delta_weight = (query.partitions.budget_share if query.partitions else 1.0) if private else 0.0
+    delta_weight = sum(delta_consumers.values()) + selection_delta_weight
+    noisy = []
+    for qid, weight in weights.quantities.items():
+        q_eps = epsilon * weight / epsilon_weight * SHARE_SAFETY
+        q_delta = delta * weight / delta_weight * SHARE_SAFETY if qid in delta_consumers else 0.0
+        noise = calibrate(kinds[qid], quantities[qid].unit_exponent, quantities[qid].linf_units, l0, q_eps, q_delta)
+        if multiplier != 1.0:
+            noise = noise.scaled(multiplier)
+        noisy.append(NoisyQuantity(quantities[qid], noise, weight))
+    selection_eps = epsilon * weights.selection / epsilon_weight * SHARE_SAFETY
+    selection_delta = delta * selection_delta_weight / delta_weight * SHARE_SAFETY if private else 0.0
+    select = _selection_plan(query, mechanism, selection_eps, selection_delta, tuple(noisy), multiplier)
+    metric_plans = tuple(
+        MetricPlan(
+            name=metric.name,
+            kind=metric.kind,
+            column=metric.column,
+            bounds=metric.bounds,
+            quantity_ids=tuple(q.id for q in qs),
+            output_columns=tuple(output_columns(metric.name, metric.kind, metric.q)),
+            integer=metric.kind in ("count", "privacy_id_count"),
+        )
+        for metric, qs in _metric_quantities(query)
+    )
+    input_info = validated.inputs[query.input]
+    public_keys = None
+    if _mode(query) == "public":
+        public_keys = public_keys_frame(query, validated.loaded.base_dir, input_info.schema)
+    output_path = validated.loaded.resolve(query.output.path)
+    return QueryPlan(
+        name=query.name,
+        input=query.input,
+        filter=query.filter,
+        group_by=tuple(query.group_by),
+        privacy_unit=tuple(validated.spec.privacy_unit_columns),
+        max_partitions=l0,
+        max_rows=m,
+        selection=select,
+        quantities=tuple(noisy),
+        metrics=metric_plans,
+        output_path=output_path,
+        output_format=query.output.format or ("csv" if output_path.suffix.lower() == ".csv" else "parquet"),
+        overwrite=query.output.overwrite,
+        public_keys=public_keys,
+        epsilon=epsilon,
+        delta=delta,
+    )
+
+
+def _choose_noise(
+    query: Query, quantities: dict[str, Quantity], weights: _Weights, epsilon: float, delta: float, private: bool
+) -> dict[str, NoiseKind]:
+    """Per quantity, the explicit noise, or (auto) the kind with the smaller standard deviation.
+
+    For the comparison every quantity is assumed to take a δ share; the final split gives
+    the Gaussian ones more δ than assumed, which only lowers their noise further.
+    """
+    l0 = query.contribution_bounds.max_partitions_contributed
+    explicit = _noise_choices(query)
+    total = sum(weights.quantities.values()) + weights.selection
+    all_delta = sum(weights.quantities.values()) + (
+        (query.partitions.budget_share if query.partitions else 1.0) if private else 0.0)
+    kinds: dict[str, NoiseKind] = {}
+    for qid, weight in weights.quantities.items():
+        if explicit[qid] is not None:
+            kinds[qid] = explicit[qid]  # type: ignore[assignment]
+            continue
+        q = quantities[qid]
+        q_eps = epsilon * weight / total
+        q_delta = delta * weight / all_delta if delta > 0 else 0.0
+        laplace = calibrate("laplace", q.unit_exponent, q.linf_units, l0, q_eps, 0.0)
+        if not gaussian_allowed(q_delta):
+            kinds[qid] = "laplace"
+            continue
+        gaussian = calibrate("gaussian", q.unit_exponent, q.linf_units, l0, q_eps, q_delta)
+        kinds[qid] = "gaussian" if gaussian.std < laplace.std else "laplace"
+    return kinds
+
+
+def _threshold_quantity(noisy: tuple[NoisyQuantity, ...]) -> NoisyQuantity | None:
+    """The released count to threshold on: the privacy-unit count if released, else a row count."""
+    for aggregate in ("privacy_units", "rows"):
+        for candidate in noisy:
+            if candidate.quantity.aggregate == aggregate:
+                return candidate
+    return None
+
+
+def _selection_plan(
+    query: Query, mechanism: str | None, epsilon: float, delta: float,
+    noisy: tuple[NoisyQuantity, ...], multiplier: float,
+) -> SelectionPlan:
+    mode = _mode(query)
+    if mode != "private":
+        return SelectionPlan(mode=mode)  # type: ignore[arg-type]
+    partitions = query.partitions
+    min_units = partitions.min_privacy_units if partitions else 1
+    l0 = query.contribution_bounds.max_partitions_contributed
+    threshold_on = None
+    if mechanism == "released_count":
+        target = _threshold_quantity(noisy)
+        if target is None:
+            raise ValueError("released_count selection needs a count or privacy_id_count metric")
+        if min_units > 1 and target.quantity.aggregate != "privacy_units":
+            raise ValueError("min_privacy_units with released_count needs a privacy_id_count metric")
+        detail: selection.SelectionMechanism = selection.released_count_threshold(
+            target.noise, delta, target.quantity.linf_units, min_units)
+        threshold_on, epsilon, second = target.quantity.id, 0.0, False
+    else:
+        detail = _separate_mechanism(mechanism, epsilon, delta, l0, min_units)
+        if isinstance(detail, selection.NoisyThreshold) and multiplier != 1.0:
+            detail = selection.with_noise(detail, detail.noise.scaled(multiplier), delta - detail.noise.delta)
+        second = partitions.second_bounding if partitions else True
+    return SelectionPlan(
+        mode="private",
+        mechanism=mechanism,
+        detail=detail,
+        epsilon=epsilon,
+        delta=delta,
+        threshold_quantity=threshold_on,
+        threshold=detail.threshold if isinstance(detail, selection.NoisyThreshold) else None,
+        min_privacy_units=min_units,
+        second_bounding=second,
+        units_for_50pct=selection.units_to_keep(detail, 0.5),
+        units_for_95pct=selection.units_to_keep(detail, 0.95),
+    )
+
+
+def _separate_mechanism(
+    name: str | None, epsilon: float, delta: float, l0: int, min_units: int
+) -> selection.SelectionMechanism:
+    if name == "truncated_geometric":
+        return selection.TruncatedGeometric(epsilon, delta, l0, min_units)
+    if name == "laplace_threshold":
+        return selection.laplace_threshold(epsilon, delta, l0, min_units)
+    return selection.gaussian_threshold(epsilon, delta, l0, min_units)
+
+
+def _choose_selection(
+    query: Query, epsilon: float, delta: float, multiplier: float, validated: ValidatedSpec
+) -> str | None:
+    """The private selection mechanism for `auto`.
+
+    Among the mechanisms with their own budget, the one that needs the fewest
+    privacy units for a 50% keep chance. Thresholding a released count needs no
+    selection budget, so it keeps smaller partitions, but its metrics come from
+    the first contribution bounding; a separate selection is preferred while it
+    needs at most SEPARATE_SELECTION_SLACK times as many units, because Plume's
+    second bounding then removes most of the bounding bias (docs/mechanisms.md).
+    """
+    if _mode(query) != "private":
+        return None
+    wanted = query.partitions.selection if query.partitions else "auto"
+    if wanted != "auto":
+        return wanted
+    candidates = list(SEPARATE_SELECTIONS)
+    if not gaussian_allowed(delta / 4):
+        candidates.remove("gaussian_threshold")
+    scores = {name: _units_for_half(query, epsilon, delta, name, multiplier, validated) for name in candidates}
+    best_separate = min(candidates, key=lambda name: scores[name])
+    min_units = query.partitions.min_privacy_units if query.partitions else 1
+    counts = {m.kind for m in query.metrics} & {"count", "privacy_id_count"}
+    if not counts or (min_units > 1 and "privacy_id_count" not in counts):
+        return best_separate
+    released = _units_for_half(query, epsilon, delta, "released_count", multiplier, validated)
+    second = query.partitions.second_bounding if query.partitions else True
+    if second and scores[best_separate] <= SEPARATE_SELECTION_SLACK * released:
+        return best_separate
+    return best_separate if scores[best_separate] < released else "released_count"
+
+
+def _units_for_half(
+    query: Query, epsilon: float, delta: float, mechanism: str, multiplier: float, validated: ValidatedSpec
+) -> float:
+    return _plan_query(query, epsilon, delta, mechanism, multiplier, validated).selection.units_for_50pct or math.inf
+
+
+def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[accounting.ApproxCost]]:
+    """Noise whose scale tight accounting may shrink, and costs known only by (ε, δ)."""
+    noise = [_noise_cost(q.noise) for plan in plans for q in plan.quantities]
+    fixed = []
+    for plan in plans:
+        select = plan.selection
+        if select.mode != "private":
+            continue
+        if isinstance(select.detail, selection.NoisyThreshold) and select.mechanism != "released_count":
+            noise.append(_noise_cost(select.detail.noise))
+            fixed.append(accounting.ApproxCost(0.0, select.delta - select.detail.noise.delta))
+        else:
+            fixed.append(accounting.ApproxCost(select.epsilon, select.delta))
+    return noise, fixed
+
+
+def _noise_cost(noise: NoisePlan) -> accounting.NoiseCost:
+    return accounting.NoiseCost(noise.kind, noise.parameter, noise.sensitivity)
+
+
+def _pld_multiplier(plans: list[QueryPlan], epsilon: float, delta: float) -> float:
+    noise, fixed = _costs(plans)
+    if delta == 0 or not noise:
+        return 1.0
+    return min(1.0, accounting.pld_noise_multiplier(noise, fixed, epsilon * SHARE_SAFETY, delta))
+
+
+def _total(plans: list[QueryPlan], method: str, delta: float) -> tuple[float, float]:
+    if method == "pld":
+        noise, fixed = _costs(plans)
+        costs: list[accounting.Cost] = [*noise, *fixed]
+        return (accounting.pld_epsilon(costs, delta) if costs else 0.0), delta
+    parts = [(q.noise.epsilon, q.noise.delta) for plan in plans for q in plan.quantities]
+    parts += [(plan.selection.epsilon, plan.selection.delta) for plan in plans if plan.selection.mode == "private"]
+    return accounting.compose_basic(parts)

@@ -1,0 +1,40 @@
+"""Metrics from noisy quantities: post-processing only, so it costs no privacy budget.
+
+mean     = mid + S / max(1, C), clamped to [lower, upper]
+variance = SS / max(1, C) − (S / max(1, C))², clamped to [0, ((upper − lower)/2)²]
+stddev   = √variance
+where C is the noisy row count, S the noisy sum of values centred on mid = (lower+upper)/2
+and SS the noisy sum of their squares (seed 003, "Computing MEAN, VARIANCE").
+Counts are rounded to integers (exact already under discrete Laplace noise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from dprun.plan import MetricPlan, QueryPlan
+
+
+def metric_columns(plan: QueryPlan, noisy: dict[str, np.ndarray]) -> list[pl.Series]:
+    return [_metric(metric, noisy) for metric in plan.metrics]
+
+
+def _metric(metric: MetricPlan, noisy: dict[str, np.ndarray]) -> pl.Series:
+    name = metric.output_columns[0]
+    values = [noisy[qid] for qid in metric.quantity_ids]
+    if metric.kind in ("count", "privacy_id_count"):
+        return pl.Series(name, np.rint(values[0]).astype(np.int64))
+    if metric.kind == "sum":
+        return pl.Series(name, values[0])
+    assert metric.bounds is not None
+    lower, upper = metric.bounds
+    center, half = (lower + upper) / 2, (upper - lower) / 2
+    count = np.maximum(1.0, values[0])
+    centered_mean = values[1] / count
+    if metric.kind == "mean":
+        return pl.Series(name, np.clip(center + centered_mean, lower, upper))
+    variance = np.clip(values[2] / count - centered_mean**2, 0.0, half * half)
+    if metric.kind == "variance":
+        return pl.Series(name, variance)
+    return pl.Series(name, np.sqrt(variance))

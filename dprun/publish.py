@@ -1,0 +1,73 @@
+"""All-or-nothing publication of a release's files.
+
+Every file is first written to a hidden temporary file beside its target; only
+when all of them are written are they renamed into place (a rename within one
+directory is atomic on POSIX). Any failure, SIGINT or SIGTERM before that point
+removes the temporary files and leaves existing outputs untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dprun.errors import OutputError
+
+Writer = Callable[[Path], None]
+
+
+class Staging:
+    """Files written under temporary names, moved into place together by `commit`."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, Path]] = []
+
+    def write(self, target: Path, writer: Writer) -> None:
+        temporary = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.tmp")
+        self._pending.append((temporary, target))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            writer(temporary)
+        except OSError as exc:
+            raise OutputError(f"cannot write {target}: {exc.strerror or type(exc).__name__}") from None
+
+    def commit(self) -> None:
+        for temporary, target in self._pending:
+            try:
+                os.replace(temporary, target)
+            except OSError as exc:
+                raise OutputError(f"cannot move {target} into place: {exc.strerror or type(exc).__name__}") from None
+        self._pending.clear()
+
+    def discard(self) -> None:
+        for temporary, _ in self._pending:
+            temporary.unlink(missing_ok=True)
+        self._pending.clear()
+
+
+@contextmanager
+def staged() -> Iterator[Staging]:
+    """A staging area that is discarded unless the block commits it."""
+    staging = Staging()
+    try:
+        yield staging
+    finally:
+        staging.discard()
+
+
+def refuse_existing(targets: list[tuple[Path, bool]]) -> None:
+    """Fail before any work if a target exists and may not be overwritten."""
+    existing = [str(path) for path, overwrite in targets if path.exists() and not overwrite]
+    if existing:
+        raise OutputError(
+            "output exists already (use --overwrite or `output.overwrite: true`): " + ", ".join(existing)
+        )
+    for path, _ in targets:
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not os.access(parent, os.W_OK):
+            raise OutputError(f"cannot write {path}: folder {parent} is not writable")

@@ -1,0 +1,106 @@
+"""Render explanations and reports as terminal tables or Markdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _accuracy(metric: dict[str, Any]) -> str:
+    if "ci95_half_width" in metric:
+        return f"±{_num(metric['ci95_half_width'])}"
+    sizes = metric["ci95_half_width_at_rows"]
+    return ", ".join(f"±{_num(v)} at {int(k):,} rows" for k, v in sizes.items())
+
+
+def _selection_line(query: dict[str, Any]) -> str:
+    p = query["partitions"]
+    if p["mode"] == "global":
+        return "one global partition (no group_by)"
+    if p["mode"] == "public":
+        return f"public partitions: {p['public_keys']} keys, each released (absent ones with noise only)"
+    text = (
+        f"private partitions by {p['selection']} (ε={_num(p['epsilon'])}, δ={_num(p['delta'])}); "
+        f"a partition needs ~{p['units_for_50pct_keep']} privacy units for a 50% chance to be released, "
+        f"{p['units_for_95pct_keep']} for 95%"
+    )
+    if p["threshold_on"]:
+        text += f"; threshold {_num(p['threshold'])} on the released {p['threshold_on']}"
+    if p["second_bounding"]:
+        text += "; metrics computed after a second contribution bounding (Plume)"
+    return text
+
+
+def metric_rows(query: dict[str, Any]) -> list[list[str]]:
+    return [
+        [m["name"], m["kind"], m["noise"], _num(m["epsilon"]), _num(m["delta"]), _num(m["std"]), _accuracy(m)]
+        for m in query["metrics"]
+    ]
+
+
+METRIC_HEADER = ["metric", "kind", "noise", "ε", "δ", "noise std", "95% interval"]
+
+
+def print_explanation(explanation: dict[str, Any], console: Console) -> None:
+    for query in explanation["queries"]:
+        table = Table(title=f"query {query['name']}  (ε={_num(query['epsilon_share'])}, δ={_num(query['delta_share'])})",
+                      title_justify="left")
+        for column in METRIC_HEADER:
+            table.add_column(column)
+        for row in metric_rows(query):
+            table.add_row(*row)
+        console.print(table)
+        console.print("  " + _selection_line(query))
+        console.print()
+    console.print(_total_line(explanation))
+
+
+def _total_line(explanation: dict[str, Any]) -> str:
+    total, budget = explanation["total"], explanation["budget"]
+    line = (
+        f"total: ε={_num(total['epsilon'])}, δ={_num(total['delta'])} under {explanation['accounting']} accounting "
+        f"(budget ε={_num(budget['epsilon'])}, δ={_num(budget['delta'])})"
+    )
+    if explanation["noise_multiplier"] < 1:
+        line += f"; tight accounting cut every noise scale to {explanation['noise_multiplier']:.3f}× of basic"
+    return line
+
+
+def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budget") -> str:
+    lines = [f"# {title}: {explanation['spec'] or 'dprun spec'}", ""]
+    for query in explanation["queries"]:
+        lines += [f"## Query `{query['name']}`", "", _selection_line(query), ""]
+        if "partitions_released" in query:
+            lines += [f"Partitions released: **{query['partitions_released']}** → `{query['output']}`", ""]
+        lines.append("| " + " | ".join(METRIC_HEADER) + " |")
+        lines.append("|" + "---|" * len(METRIC_HEADER))
+        lines += ["| " + " | ".join(row) + " |" for row in metric_rows(query)]
+        lines.append("")
+    lines.append(_total_line(explanation))
+    if explanation.get("non_private_test_seed"):
+        lines += ["", "**WARNING: made with a test seed; this release is NOT private.**"]
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(report: dict[str, Any], console: Console) -> None:
+    table = Table(title="released", title_justify="left")
+    for column in ("query", "partitions released", "ε", "δ", "output"):
+        table.add_column(column)
+    for query in report["queries"]:
+        eps = sum(m["epsilon"] for m in query["quantities"]) + query["partitions"]["epsilon"]
+        delta = sum(m["delta"] for m in query["quantities"]) + query["partitions"]["delta"]
+        table.add_row(query["name"], str(query["partitions_released"]), _num(eps), _num(delta), query["output"])
+    console.print(table)
+    console.print(_total_line(report))
+    if report.get("non_private_test_seed"):
+        console.print("[bold red]WARNING: made with a test seed; this release is NOT private.[/]")

@@ -1,0 +1,197 @@
+"""The accounting report (report.json and report.md) and the plan's explanation.
+
+Both are rendered from the Plan plus DP quantities of the run (partitions released,
+which is post-processing of the DP selection) and public facts (file sizes and
+fingerprints, versions, times). Never any raw statistic of the data: no rows read,
+dropped or clamped, no units seen, no true counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import norm
+
+from dprun import __version__
+from dprun.plan import MetricPlan, Plan, QueryPlan
+from dprun.spec.input_schema import InputInfo
+
+LIBRARIES = ("polars", "pyarrow", "numpy", "scipy", "dp-accounting", "pydantic")
+EXAMPLE_PARTITION_SIZES = (100, 10_000)
+CONFIDENCE = 0.95
+
+
+def explain(plan: Plan) -> dict[str, Any]:
+    """What the plan spends and how accurate each released number will be; no data needed."""
+    return {
+        "spec": plan.spec_name,
+        "spec_sha256": plan.spec_sha256,
+        "accounting": plan.accounting,
+        "budget": {"epsilon": plan.budget_epsilon, "delta": plan.budget_delta},
+        "total": {"epsilon": plan.total_epsilon, "delta": plan.total_delta},
+        "noise_multiplier": plan.noise_multiplier,
+        "queries": [_explain_query(q) for q in plan.queries],
+    }
+
+
+def _explain_query(query: QueryPlan) -> dict[str, Any]:
+    select = query.selection
+    return {
+        "name": query.name,
+        "epsilon_share": query.epsilon,
+        "delta_share": query.delta,
+        "contribution_bounds": {
+            "max_partitions_contributed": query.max_partitions,
+            "max_contributions_per_partition": query.max_rows,
+        },
+        "partitions": {
+            "mode": select.mode,
+            "public_keys": None if query.public_keys is None else len(query.public_keys),
+            "selection": select.mechanism,
+            "epsilon": select.epsilon,
+            "delta": select.delta,
+            "threshold": select.threshold,
+            "threshold_on": select.threshold_quantity,
+            "min_privacy_units": select.min_privacy_units,
+            "second_bounding": select.second_bounding,
+            "units_for_50pct_keep": select.units_for_50pct,
+            "units_for_95pct_keep": select.units_for_95pct,
+        },
+        "quantities": [
+            {
+                "id": q.quantity.id,
+                "noise": q.noise.kind,
+                "epsilon": q.noise.epsilon,
+                "delta": q.noise.delta,
+                "l0": q.noise.l0,
+                "linf": math.ldexp(q.quantity.linf_units, q.quantity.unit_exponent),
+                "l1": math.ldexp(q.noise.l0 * q.quantity.linf_units, q.quantity.unit_exponent),
+                "l2": math.ldexp(math.sqrt(q.noise.l0) * q.quantity.linf_units, q.quantity.unit_exponent),
+                "std": q.noise.std,
+                "grid": math.ldexp(1.0, q.noise.grid_exponent),
+            }
+            for q in query.quantities
+        ],
+        "metrics": [_explain_metric(query, m) for m in query.metrics],
+    }
+
+
+def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
+    noises = [query.quantity(qid).noise for qid in metric.quantity_ids]
+    first = noises[0]
+    entry: dict[str, Any] = {
+        "name": metric.name,
+        "kind": metric.kind,
+        "column": metric.column,
+        "bounds": list(metric.bounds) if metric.bounds else None,
+        "quantities": list(metric.quantity_ids),
+        "noise": "+".join(sorted({n.kind for n in noises})),
+        "epsilon": sum(n.epsilon for n in noises),
+        "delta": sum(n.delta for n in noises),
+        "std": first.std if len(noises) == 1 else None,
+    }
+    z = norm.ppf(0.5 + CONFIDENCE / 2)
+    if len(noises) == 1:
+        entry["ci95_half_width"] = _half_width(first.kind, first.std, first.parameter, first.grid_exponent)
+        return entry
+    assert metric.bounds is not None
+    half = (metric.bounds[1] - metric.bounds[0]) / 2
+    by_size = {}
+    for size in EXAMPLE_PARTITION_SIZES:
+        std = _ratio_std(metric.kind, [n.std for n in noises], half, size)
+        by_size[str(size)] = z * std
+    entry["ci95_half_width_at_rows"] = by_size
+    return entry
+
+
+def _half_width(kind: str, std: float, parameter: float, grid_exponent: int) -> float:
+    """Half-width of the central 95% interval of the noise (exact for discrete Laplace)."""
+    if kind == "laplace":
+        # P(|X| >= k) = 2 e^{-k/t} / (1 + e^{-1/t}) for the discrete Laplace.
+        t = parameter
+        k = math.ceil(t * math.log(2 / ((1 - CONFIDENCE) * (1 + math.exp(-1 / t)))))
+        return math.ldexp(k, grid_exponent)
+    return float(norm.ppf(0.5 + CONFIDENCE / 2) * std)
+
+
+def _ratio_std(kind: str, stds: list[float], half: float, rows: int) -> float:
+    """Approximate std of mean/variance at `rows` rows (delta method, worst case inside the bounds)."""
+    count_std, sum_std = stds[0], stds[1]
+    mean_std = math.sqrt(sum_std**2 + (half * count_std) ** 2) / rows
+    if kind == "mean":
+        return mean_std
+    square_std = math.sqrt(stds[2] ** 2 + (half * half * count_std) ** 2) / rows
+    variance_std = math.sqrt(square_std**2 + (2 * half * mean_std) ** 2)
+    if kind == "variance":
+        return variance_std
+    # stddev = √variance: by the delta method its std is variance_std / (2·stddev), taken at a
+    # typical stddev of half the bounds' half-width (stated in docs/explain-budget.md).
+    return variance_std / half
+
+
+def input_fingerprints(inputs: dict[str, InputInfo]) -> list[dict[str, Any]]:
+    return [
+        {"name": info.name, "format": info.format, "path": str(path), "bytes": path.stat().st_size,
+         "sha256": file_fingerprint(path, info.format)}
+        for info in inputs.values() for path in info.paths
+    ]
+
+
+def file_fingerprint(path: Path, fmt: str) -> str:
+    """sha256 of the whole file, or of a Parquet file's footer (which holds its statistics and layout)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        if fmt == "parquet":
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 8))
+            tail = handle.read(8)
+            footer_length = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+            handle.seek(max(0, size - 8 - footer_length))
+            digest.update(b"parquet-footer:" + str(size).encode())
+            digest.update(handle.read())
+            return digest.hexdigest()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    found = {"dprun": __version__, "python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def release_report(
+    plan: Plan,
+    inputs: dict[str, InputInfo],
+    released: dict[str, int],
+    outputs: dict[str, Path],
+    started: str,
+    finished: str,
+    test_seed: bool,
+) -> dict[str, Any]:
+    report = explain(plan)
+    for query in report["queries"]:
+        query["partitions_released"] = released[query["name"]]
+        query["output"] = str(outputs[query["name"]])
+    report.update(
+        {
+            "started": started,
+            "finished": finished,
+            "versions": versions(),
+            "inputs": input_fingerprints(inputs),
+            "privacy_unit": list(plan.queries[0].privacy_unit) if plan.queries else [],
+            "non_private_test_seed": test_seed,
+        }
+    )
+    return report
