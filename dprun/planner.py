@@ -77,20 +77,15 @@ def make_plan(validated: ValidatedSpec) -> Plan:
 def _plan_queries(
     shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec
 ) -> tuple[list[QueryPlan], float]:
-    """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor.
-
-    The selection choice (`auto`) is made again under the shrunk noise, and the factor
-    recomputed for that choice, so the final plan is checked by tight accounting as is.
-    """
-    multiplier = 1.0
-    spec = validated.spec
-    for _ in range(2 if method == "pld" else 1):
-        mechanisms = [_choose_selection(q, eps, delta, multiplier, validated) for q, eps, delta in shares]
-        plans = [_plan_query(q, eps, delta, mech, 1.0, validated) for (q, eps, delta), mech in zip(shares, mechanisms)]
-        if method == "pld":
-            multiplier = _pld_multiplier(plans, spec.budget.epsilon, spec.budget.delta)
-            plans = [_plan_query(q, eps, delta, mech, multiplier, validated)
-                     for (q, eps, delta), mech in zip(shares, mechanisms)]
+    """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor."""
+    mechanisms = [_choose_selection(q, eps, delta, validated) for q, eps, delta in shares]
+    plans = [_plan_query(q, eps, delta, mech, 1.0, validated) for (q, eps, delta), mech in zip(shares, mechanisms)]
+    if method != "pld":
+        return plans, 1.0
+    budget = validated.spec.budget
+    multiplier = _pld_multiplier(plans, budget.epsilon, budget.delta)
+    plans = [_plan_query(q, eps, delta, mech, multiplier, validated)
+             for (q, eps, delta), mech in zip(shares, mechanisms)]
     return plans, multiplier
 
 
@@ -292,9 +287,7 @@ def _separate_mechanism(
     return selection.gaussian_threshold(epsilon, delta, l0, min_units)
 
 
-def _choose_selection(
-    query: Query, epsilon: float, delta: float, multiplier: float, validated: ValidatedSpec
-) -> str | None:
+def _choose_selection(query: Query, epsilon: float, delta: float, validated: ValidatedSpec) -> str | None:
     """The private selection mechanism for `auto`.
 
     Among the mechanisms with their own budget, the one that needs the fewest
@@ -312,23 +305,26 @@ def _choose_selection(
     candidates = list(SEPARATE_SELECTIONS)
     if not gaussian_allowed(delta / 4):
         candidates.remove("gaussian_threshold")
-    scores = {name: _units_for_half(query, epsilon, delta, name, multiplier, validated) for name in candidates}
+    scores = {name: _units_for_half(query, epsilon, delta, name, validated) for name in candidates}
     best_separate = min(candidates, key=lambda name: scores[name])
     min_units = query.partitions.min_privacy_units if query.partitions else 1
     counts = {m.kind for m in query.metrics} & {"count", "privacy_id_count"}
     if not counts or (min_units > 1 and "privacy_id_count" not in counts):
         return best_separate
-    released = _units_for_half(query, epsilon, delta, "released_count", multiplier, validated)
+    released = _units_for_half(query, epsilon, delta, "released_count", validated)
     second = query.partitions.second_bounding if query.partitions else True
     if second and scores[best_separate] <= SEPARATE_SELECTION_SLACK * released:
         return best_separate
     return best_separate if scores[best_separate] < released else "released_count"
 
 
-def _units_for_half(
-    query: Query, epsilon: float, delta: float, mechanism: str, multiplier: float, validated: ValidatedSpec
-) -> float:
-    return _plan_query(query, epsilon, delta, mechanism, multiplier, validated).selection.units_for_50pct or math.inf
+def _units_for_half(query: Query, epsilon: float, delta: float, mechanism: str, validated: ValidatedSpec) -> float:
+    """Units for a 50% keep chance with `mechanism`, under the spec's accounting applied to this query alone."""
+    plan = _plan_query(query, epsilon, delta, mechanism, 1.0, validated)
+    if validated.spec.budget.accounting == "pld":
+        multiplier = _pld_multiplier([plan], epsilon, delta)
+        plan = _plan_query(query, epsilon, delta, mechanism, multiplier, validated)
+    return plan.selection.units_for_50pct or math.inf
 
 
 def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[accounting.ApproxCost]]:

@@ -135,7 +135,9 @@ def threshold_for(noise: NoisePlan, delta: float, contribution: int, pre_thresho
         )
         return base + offset * step
     z = -float(ndtri(math.exp(log_target)))
-    return base + noise.std * z + step
+    # On a grid coarser than one count, rounding the count to the grid moves it by up to h/2 more.
+    rounding = step if noise.grid_exponent > 0 else 0.0
+    return base + noise.std * z + step + rounding
 
 
 def _noisy_threshold_keep(m: NoisyThreshold, n: np.ndarray) -> np.ndarray:

@@ -79,7 +79,7 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
             continue
         try:
             schema = read_schema(paths, fmt)
-        except (pl.exceptions.PolarsError, OSError) as exc:
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
             findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} file?"))
             continue
         if not schema:
@@ -125,14 +125,14 @@ def _filter_findings(text: str, schema: dict[str, pl.DataType], input_name: str)
     try:
         expression = pl.sql_expr(text)
         names = expression.meta.root_names()
-    except (pl.exceptions.PolarsError, ValueError) as exc:
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError) as exc:
         return [(("filter",), f"the filter is not a valid SQL expression: {_short(str(exc))}")]
     missing = [name for name in names if name not in schema]
     if missing:
         return [(("filter",), f"the filter names unknown column(s) {', '.join(missing)} of input '{input_name}'")]
     try:
         pl.LazyFrame(schema=schema).filter(expression).collect_schema()
-    except pl.exceptions.PolarsError as exc:
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
         return [(("filter",), f"the filter does not apply to input '{input_name}': {_short(str(exc))}")]
     return []
 
@@ -175,7 +175,7 @@ def _public_file(query: Query, base_dir: Path) -> list[Finding]:
             columns = list(pl.read_parquet_schema(path))
         else:
             columns = list(pl.scan_csv(path, infer_schema_length=0).collect_schema())
-    except (pl.exceptions.PolarsError, OSError) as exc:
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
         return [(at, f"cannot read the public partition file ({type(exc).__name__})")]
     missing = [c for c in query.group_by if c not in columns]
     if missing:

@@ -145,7 +145,7 @@ class Query(Strict):
 class Spec(Strict):
     version: Literal[1]
     name: str | None = None
-    privacy_unit: str | list[str]
+    privacy_unit: str | Annotated[list[str], Field(min_length=1)]
     budget: Budget
     inputs: dict[str, InputSpec] = Field(min_length=1)
     queries: list[Query] = Field(min_length=1)

@@ -19,6 +19,8 @@ def spec_findings(spec: Spec, base_dir: Path) -> list[Finding]:
     findings: list[Finding] = []
     findings += _unique_query_names(spec)
     findings += _outputs_distinct(spec, base_dir)
+    if isinstance(spec.privacy_unit, list):
+        findings += _listed_twice(spec.privacy_unit, ("privacy_unit",))
     for index, query in enumerate(spec.queries):
         at: FieldPath = ("queries", index)
         if query.input not in spec.inputs:
@@ -58,6 +60,7 @@ def _outputs_distinct(spec: Spec, base_dir: Path) -> Iterator[Finding]:
 
 def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
     pure = spec.budget.delta == 0
+    yield from _listed_twice(query.group_by, ("group_by",))
     yield from _metric_names(query)
     for index, metric in enumerate(query.metrics):
         if pure and (metric.noise or query.noise) == "gaussian":
@@ -94,6 +97,14 @@ def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
                 yield ("partitions", "public", index), (
                     f"a key has {arity} value(s) but group_by has {width} column(s)"
                 )
+
+
+def _listed_twice(columns: list[str], at: FieldPath) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for index, column in enumerate(columns):
+        if column in seen:
+            yield (*at, index), f"column '{column}' is listed twice"
+        seen.add(column)
 
 
 def _metric_names(query: Query) -> Iterator[Finding]:

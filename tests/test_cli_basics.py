@@ -1,0 +1,79 @@
+"""The `dprun` command line: its commands, `python -m dprun`, and the example specs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from dprun import cli as dprun_cli
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "specs").glob("*.yaml"))
+COMMANDS = ("validate", "explain-budget", "run", "schema")
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def _dprun(args: tuple[str, ...]) -> None:
+    dprun_cli.main(list(args))
+
+
+def invoke(*args: str) -> Result:
+    """`dprun ARGS` in-process through the script's entry point, `dprun.cli.main`."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return CliRunner().invoke(_dprun, list(args))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_help_lists_the_commands() -> None:
+    result = CliRunner().invoke(dprun_cli.cli, ["--help"])
+    assert result.exit_code == 0, result.output
+    for command in COMMANDS:
+        assert command in result.stdout, f"`dprun --help` does not list `{command}`"
+    assert set(COMMANDS) <= set(dprun_cli.cli.commands)
+
+
+def test_main_help_exits_0() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0, result.output
+    assert "validate" in result.stdout
+
+
+def test_python_dash_m_dprun() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "dprun", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    for command in COMMANDS:
+        assert command in completed.stdout
+    assert "Traceback" not in completed.stderr
+
+
+def test_there_are_three_examples() -> None:
+    assert [p.name for p in EXAMPLES] == [
+        "restaurants_multi.yaml", "restaurants_private.yaml", "restaurants_public.yaml"
+    ]
+
+
+@pytest.mark.parametrize("spec", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_validate(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = invoke("validate", f"specs/{spec.name}")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"specs/{spec.name}: ok"
+    assert result.stderr == ""
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = invoke("frobnicate")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
