@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,10 +69,14 @@ def run(
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
     started = _now()
     tables: dict[str, pl.DataFrame] = {}
-    for query in the_plan.queries:
-        if progress is not None:
-            progress(f"running query {query.name}")
-        tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source)
+    # Intermediate files hold private data: a folder only this user can read, always removed.
+    with tempfile.TemporaryDirectory(prefix="dprun-", dir=os.environ.get("DPRUN_TMPDIR")) as scratch:
+        for index, query in enumerate(the_plan.queries):
+            if progress is not None:
+                progress(f"running query {query.name}")
+            workdir = Path(scratch) / str(index)
+            workdir.mkdir()
+            tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
     released = {name: table.height for name, table in tables.items()}
     outputs = {q.name: q.output_path for q in the_plan.queries}
     report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)

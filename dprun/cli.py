@@ -152,8 +152,8 @@ def main(args: list[str] | None = None) -> NoReturn:
     except click.ClickException as error:
         error.show()
         sys.exit(int(ExitCode.USAGE_OR_INTERNAL))
-    except Exception as error:  # noqa: BLE001 - the last line of defence: no traceback, no data values
-        if os.environ.get("DPRUN_DEBUG"):
+    except BaseException as error:  # noqa: BLE001 - last line of defence, incl. Rust panics from Polars
+        if isinstance(error, (SystemExit, GeneratorExit)) or os.environ.get("DPRUN_DEBUG"):
             raise
         click.echo(
             f"error: internal error ({type(error).__name__}); please report it. "

@@ -355,10 +355,13 @@ def _pld_multiplier(plans: list[QueryPlan], epsilon: float, delta: float) -> flo
 
 
 def _total(plans: list[QueryPlan], method: str, delta: float) -> tuple[float, float]:
-    if method == "pld":
-        noise, fixed = _costs(plans)
-        costs: list[accounting.Cost] = [*noise, *fixed]
-        return (accounting.pld_epsilon(costs, delta) if costs else 0.0), delta
+    """The plan's guarantee: basic composition, or under `pld` the tighter of the two (both are valid)."""
     parts = [(q.noise.epsilon, q.noise.delta) for plan in plans for q in plan.quantities]
     parts += [(plan.selection.epsilon, plan.selection.delta) for plan in plans if plan.selection.mode == "private"]
-    return accounting.compose_basic(parts)
+    basic = accounting.compose_basic(parts)
+    if method != "pld":
+        return basic
+    noise, fixed = _costs(plans)
+    costs: list[accounting.Cost] = [*noise, *fixed]
+    tight = accounting.pld_epsilon(costs, delta) if costs and delta > 0 else math.inf
+    return (tight, delta) if tight < basic[0] else basic

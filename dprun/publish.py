@@ -44,7 +44,11 @@ class Staging:
 
     def discard(self) -> None:
         for temporary, _ in self._pending:
-            temporary.unlink(missing_ok=True)
+            try:
+                temporary.unlink(missing_ok=True)
+            except OSError:
+                # Its folder may not exist or be a file: then the temporary was never written.
+                pass
         self._pending.clear()
 
 

@@ -15,7 +15,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from dprun import __version__
 from dprun.plan import MetricPlan, Plan, QueryPlan
@@ -95,7 +95,7 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "delta": sum(n.delta for n in noises),
         "std": first.std if len(noises) == 1 else None,
     }
-    z = norm.ppf(0.5 + CONFIDENCE / 2)
+    z = ndtri(0.5 + CONFIDENCE / 2)
     if len(noises) == 1:
         entry["ci95_half_width"] = _half_width(first.kind, first.std, first.parameter, first.grid_exponent)
         return entry
@@ -116,7 +116,7 @@ def _half_width(kind: str, std: float, parameter: float, grid_exponent: int) -> 
         t = parameter
         k = math.ceil(t * math.log(2 / ((1 - CONFIDENCE) * (1 + math.exp(-1 / t)))))
         return math.ldexp(k, grid_exponent)
-    return float(norm.ppf(0.5 + CONFIDENCE / 2) * std)
+    return float(ndtri(0.5 + CONFIDENCE / 2) * std)
 
 
 def _ratio_std(kind: str, stds: list[float], half: float, rows: int) -> float:

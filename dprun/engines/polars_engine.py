@@ -24,6 +24,7 @@ from the plan and calls `dprun.mechanisms` to draw noise and select partitions.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -40,49 +41,124 @@ from dprun.spec.input_schema import InputInfo, scan
 GLOBAL_KEY = "__dprun_partition__"
 UNITS = "__dprun_units__"
 HASH = "__dprun_hash__"
+CUTOFF = "__dprun_cutoff__"
+SHARD = "__dprun_shard__"
 STREAMING = "streaming"
+# Input bytes per shard of units: Parquet expands several-fold in memory, CSV/NDJSON much less.
+SHARD_BYTES = 128 * 2**20
+TEXT_BYTES_FACTOR = 4
+SHARD_SEED_MASK = 0x5DEECE66D
 
 
-def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource) -> pl.DataFrame:
-    """The DP output of one query: one row per released partition, keys then metrics."""
+def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: Path) -> pl.DataFrame:
+    """The DP output of one query: one row per released partition, keys then metrics.
+
+    `workdir` is a private temporary folder for intermediate files (the caller removes it).
+    """
     keys = list(plan.group_by) or [GLOBAL_KEY]
     seed = source.hash_seeds()[0]
-    rows = _rows(plan, info, keys)
-    partials = _partials(rows, plan, keys)
-    bounded = _cross_partition_bound(partials, plan, keys, seed)
+    # col : (unit, partition keys, partial per quantity), one file per shard of units
+    partials = [pl.scan_parquet(path) for path in _partial_shards(plan, info, keys, seed, workdir)]
+    bounded = [_cross_partition_bound(shard, plan, keys, seed) for shard in partials]
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        unit_counts = _collect(bounded.group_by(keys).agg(pl.len().alias(UNITS)))
+        # col : (partition keys, privacy units after the first bounding)
+        unit_counts = _combine([b.group_by(keys).agg(pl.len().cast(pl.Int64).alias(UNITS)) for b in bounded], keys)
+        if unit_counts.width == 0:
+            unit_counts = pl.DataFrame(schema={**_key_schema(partials, keys), UNITS: pl.Int64})
+        # Sorted so that random draws are assigned in the same order whatever the sharding.
+        unit_counts = unit_counts.sort(keys, nulls_last=True)
         keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
-        chosen = unit_counts.filter(pl.Series(keep)).select(keys)
+        chosen = unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
         if plan.selection.second_bounding:
-            bounded = _cross_partition_bound(partials.join(chosen.lazy(), on=keys, how="semi"), plan, keys, seed)
+            bounded = [_cross_partition_bound(_semi(shard, chosen, keys), plan, keys, seed) for shard in partials]
         else:
-            bounded = bounded.join(chosen.lazy(), on=keys, how="semi")
-        sums = _with_all_keys(_collect(_partition_sums(bounded, plan, keys)), chosen, plan)
+            bounded = [_semi(frame, chosen, keys) for frame in bounded]
+        sums = _with_all_keys(_partition_sums(bounded, partials, plan, keys), chosen, plan)
     elif mode == "private":
-        sums = _collect(_partition_sums(bounded, plan, keys))
+        sums = _partition_sums(bounded, partials, plan, keys)
     else:
-        all_keys = _public_keys(plan, keys)
-        sums = _with_all_keys(_collect(_partition_sums(bounded, plan, keys)), all_keys, plan)
+        sums = _with_all_keys(_partition_sums(bounded, partials, plan, keys), _public_keys(plan, keys), plan)
+    # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
+    sums = sums.sort(keys, nulls_last=True)
     noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
              for q in plan.quantities}
     released = np.ones(sums.height, dtype=bool)
     if mode == "private" and plan.selection.mechanism == "released_count":
         released = _released_count_keep(plan, sums, noisy)
-    output = sums.select(keys).with_columns(metric_columns(plan, noisy)).filter(pl.Series(released))
-    if not plan.group_by:
-        output = output.drop(GLOBAL_KEY)
-    return output.sort(list(plan.group_by), nulls_last=True) if plan.group_by else output
+    output = sums.select(keys).with_columns(metric_columns(plan, noisy)).filter(pl.Series(released, dtype=pl.Boolean))
+    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+
+
+def _semi(frame: pl.LazyFrame, chosen: pl.DataFrame, keys: list[str]) -> pl.LazyFrame:
+    return frame.join(chosen.lazy(), on=keys, how="semi", nulls_equal=True)
+
+
+def _shard_count(info: InputInfo) -> int:
+    """Shards of units so that one shard's (unit, partition) table fits in memory.
+
+    Decided from the input files' sizes only (a public fact), never from their contents.
+    """
+    total = sum(path.stat().st_size for path in info.paths)
+    per_shard = SHARD_BYTES if info.format == "parquet" else SHARD_BYTES * TEXT_BYTES_FACTOR
+    return max(1, math.ceil(total / per_shard))
+
+
+def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> list[Path]:
+    """Write the per-(unit, partition) partials, sharded by a hash of the unit, to `workdir`.
+
+    Every unit's rows land in one shard, so contribution bounding runs shard by shard
+    exactly as on the whole; each shard is one streaming group-by in bounded memory.
+    """
+    rows = _rows(plan, info, keys)
+    count = _shard_count(info)
+    if count == 1:
+        path = workdir / "partials-0.parquet"
+        _sink(_partials(rows, plan, keys), path)
+        return [path]
+    rows_dir = workdir / "rows"
+    shard_of_unit = pl.struct(list(plan.privacy_unit)).hash(seed ^ SHARD_SEED_MASK) % count
+    _sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False))
+    paths = []
+    for index in range(count):
+        files = sorted((rows_dir / f"{SHARD}={index}").glob("*.parquet"))
+        if files:
+            paths.append(workdir / f"partials-{index}.parquet")
+            _sink(_partials(pl.scan_parquet(files), plan, keys), paths[-1])
+    return paths
+
+
+def _sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy) -> None:
+    try:
+        frame.sink_parquet(target, mkdir=True, engine=STREAMING)
+    except pl.exceptions.PolarsError as exc:
+        raise _data_error(exc) from None
 
 
 def _collect(frame: pl.LazyFrame) -> pl.DataFrame:
     try:
         return frame.collect(engine=STREAMING)
     except pl.exceptions.PolarsError as exc:
-        # Polars' messages can quote data values; only the kind of failure is passed on.
-        raise DataError(f"the data could not be processed ({type(exc).__name__}); "
-                        "check the input files and column types") from None
+        raise _data_error(exc) from None
+
+
+def _data_error(exc: Exception) -> DataError:
+    # Polars' messages can quote data values; only the kind of failure is passed on.
+    return DataError(f"the data could not be processed ({type(exc).__name__}); check the input files and column types")
+
+
+def _combine(frames: list[pl.LazyFrame], keys: list[str]) -> pl.DataFrame:
+    """Per-shard partition aggregates, collected one shard at a time and summed."""
+    parts = [_collect(frame) for frame in frames]
+    if len(parts) <= 1:
+        return parts[0] if parts else pl.DataFrame()
+    stacked = pl.concat(parts)
+    return stacked.group_by(keys).agg(pl.col(c).sum() for c in stacked.columns if c not in keys)
+
+
+def _key_schema(partials: list[pl.LazyFrame], keys: list[str]) -> dict[str, pl.DataType]:
+    schema = dict(partials[0].collect_schema()) if partials else {}
+    return {key: schema.get(key, pl.Int8) for key in keys}
 
 
 def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
@@ -141,25 +217,36 @@ def _cross_partition_bound(partials: pl.LazyFrame, plan: QueryPlan, keys: list[s
 
     Which partitions a unit keeps depends only on its own rows and the run's secret key,
     so the L0 bound holds exactly whatever the hash; the key only makes the choice
-    unpredictable and fresh per run (Polars' hash takes one 64-bit key).
+    unpredictable and fresh per run (Polars' hash takes one 64-bit key). Only units with
+    more than L0 partitions need a cut-off, and they are few, so only they are ranked.
     """
     units = list(plan.privacy_unit)
-    hashed = partials.with_columns(
-        pl.struct([*units, *keys]).hash(seed).alias(HASH)
+    hashed = partials.with_columns(pl.struct([*units, *keys]).hash(seed).alias(HASH))
+    over_limit = hashed.group_by(units).agg(pl.len().alias(UNITS)).filter(pl.col(UNITS) > plan.max_partitions)
+    cutoffs = (
+        hashed.join(over_limit, on=units, how="semi", nulls_equal=True)
+        .group_by(units)
+        .agg(pl.col(HASH).bottom_k(plan.max_partitions).max().alias(CUTOFF))
     )
-    rank = pl.col(HASH).rank(method="ordinal").over(units)
-    return hashed.filter(rank <= plan.max_partitions).drop(HASH)
+    kept = hashed.join(cutoffs, on=units, how="left", nulls_equal=True)
+    return kept.filter(pl.col(CUTOFF).is_null() | (pl.col(HASH) <= pl.col(CUTOFF))).drop(HASH, CUTOFF)
 
 
-def _partition_sums(bounded: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
+def _partition_sums(
+    bounded: list[pl.LazyFrame], partials: list[pl.LazyFrame], plan: QueryPlan, keys: list[str]
+) -> pl.DataFrame:
+    """col : (partition keys, units, exact Int128 sum per quantity), summed over shards."""
     aggregations = [pl.len().cast(pl.Int64).alias(UNITS)]
     for noisy in plan.quantities:
         q = noisy.quantity
-        if q.aggregate == "privacy_units":
-            aggregations.append(pl.len().cast(pl.Int128).alias(q.id))
-        else:
-            aggregations.append(pl.col(q.id).cast(pl.Int128).sum().alias(q.id))
-    return bounded.group_by(keys).agg(aggregations)
+        column = pl.len() if q.aggregate == "privacy_units" else pl.col(q.id).cast(pl.Int128).sum()
+        aggregations.append(column.cast(pl.Int128).alias(q.id))
+    sums = _combine([frame.group_by(keys).agg(aggregations) for frame in bounded], keys)
+    if sums.width > 0:
+        return sums
+    schema = {**_key_schema(partials, keys), UNITS: pl.Int64}
+    schema |= {q.quantity.id: pl.Int128 for q in plan.quantities}
+    return pl.DataFrame(schema=schema)
 
 
 def _public_keys(plan: QueryPlan, keys: list[str]) -> pl.DataFrame:

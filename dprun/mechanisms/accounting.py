@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from dp_accounting.pld import common
-from dp_accounting.pld import privacy_loss_distribution as pld
+
+if TYPE_CHECKING:
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
 from dprun.mechanisms.calibration import gaussian_epsilon
 
@@ -189,6 +192,9 @@ def _discretization(costs: list[Cost], delta: float) -> float:
 
 
 def _cost_pld(cost: Cost, interval: float) -> pld.PrivacyLossDistribution:
+    # Imported here: dp_accounting pulls in scipy.signal (over a second), which only tight accounting needs.
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
     if isinstance(cost, ApproxCost):
         return pld.from_privacy_parameters(
             common.DifferentialPrivacyParameters(cost.epsilon, cost.delta), value_discretization_interval=interval
@@ -224,6 +230,8 @@ def _discrete_laplace_pld(t: float, sensitivity: int, interval: float) -> pld.Pr
     relative) of a grid point may land on either side of it, as in
     dp_accounting. The PLD is the same for adding and removing a unit.
     """
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
     a = 1.0 / t
     log1p_p = math.log1p(math.exp(-a))
     masses: dict[int, float] = {
