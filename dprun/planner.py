@@ -17,7 +17,9 @@ composition (dp-accounting's privacy loss distributions) within the budget.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dprun.errors import SpecError
 from dprun.mechanisms import accounting, selection
@@ -32,6 +34,7 @@ from dprun.spec.rules import output_columns
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
 # the shares can never make the composed total exceed the budget.
 SHARE_SAFETY = 1.0 - 2.0**-40
+T = TypeVar("T")
 SEPARATE_SELECTIONS = ("truncated_geometric", "gaussian_threshold", "laplace_threshold")
 # How many times more units a separate selection (with Plume's second bounding) may need
 # than thresholding a released count, and still be preferred by `auto`.
@@ -56,8 +59,8 @@ def make_plan(validated: ValidatedSpec) -> Plan:
               for q in spec.queries]
     try:
         plans, multiplier = _plan_queries(shares, spec.budget.accounting, validated)
-    except ValueError as exc:
-        raise SpecError(validated.loaded.problems([(("budget",), f"cannot plan this spec: {exc}")])) from None
+    except Unplannable as exc:
+        raise SpecError(validated.loaded.problems([(exc.path, f"cannot plan this spec: {exc}")])) from None
     total_epsilon, total_delta = _total(plans, spec.budget.accounting, spec.budget.delta)
     return Plan(
         spec_name=spec.name,
@@ -78,15 +81,37 @@ def _plan_queries(
     shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec
 ) -> tuple[list[QueryPlan], float]:
     """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor."""
-    mechanisms = [_choose_selection(q, eps, delta, validated) for q, eps, delta in shares]
-    plans = [_plan_query(q, eps, delta, mech, 1.0, validated) for (q, eps, delta), mech in zip(shares, mechanisms)]
+    mechanisms = [_located(i, _choose_selection, q, eps, delta, validated) for i, (q, eps, delta) in enumerate(shares)]
+    plans = [_located(i, _plan_query, q, eps, delta, mech, 1.0, validated)
+             for i, ((q, eps, delta), mech) in enumerate(zip(shares, mechanisms))]
     if method != "pld":
         return plans, 1.0
     budget = validated.spec.budget
-    multiplier = _pld_multiplier(plans, budget.epsilon, budget.delta)
-    plans = [_plan_query(q, eps, delta, mech, multiplier, validated)
-             for (q, eps, delta), mech in zip(shares, mechanisms)]
+    try:
+        multiplier = _pld_multiplier(plans, budget.epsilon, budget.delta)
+    except ValueError as exc:
+        raise Unplannable(("budget",), str(exc)) from None
+    plans = [_located(i, _plan_query, q, eps, delta, mech, multiplier, validated)
+             for i, ((q, eps, delta), mech) in enumerate(zip(shares, mechanisms))]
     return plans, multiplier
+
+
+class Unplannable(ValueError):
+    """The spec asks for something its budget cannot give; `path` locates it in the spec."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _located(index: int, step: Callable[..., T], *args: object) -> T:
+    """Run a planning step for query `index`, locating its failures at that query."""
+    try:
+        return step(*args)
+    except Unplannable as exc:
+        raise Unplannable(("queries", index, *exc.path), str(exc)) from None
+    except ValueError as exc:
+        raise Unplannable(("queries", index), str(exc)) from None
 
 
 def _refuse_unsupported(validated: ValidatedSpec) -> None:
@@ -125,12 +150,13 @@ def _weights(query: Query, mechanism: str | None) -> _Weights:
 def _noise_choices(query: Query) -> dict[str, NoiseKind | None]:
     """Explicit noise per quantity (None = auto); metrics sharing a quantity must agree."""
     chosen: dict[str, NoiseKind | None] = {}
-    for metric, quantities in _metric_quantities(query):
+    for index, (metric, quantities) in enumerate(_metric_quantities(query)):
         wanted = metric.noise or query.noise
         kind: NoiseKind | None = None if wanted == "auto" else wanted  # type: ignore[assignment]
         for quantity in quantities:
             if quantity.id in chosen and chosen[quantity.id] not in (None, kind) and kind is not None:
-                raise ValueError(f"metrics share {quantity.id} but ask for different noise")
+                raise Unplannable(("metrics", index, "noise"),
+                                  f"this metric shares {quantity.id} with another metric that asks for other noise")
             chosen[quantity.id] = chosen.get(quantity.id) or kind
     return chosen
 

@@ -1,0 +1,190 @@
+"""The planner: budget split, sensitivities, noise choice, accounting — from the spec alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dprun.api import plan as make_plan
+from dprun.errors import SpecError
+from dprun.api import validate
+from dprun.mechanisms import accounting
+from dprun.mechanisms.calibration import analytic_gaussian_sigma, gaussian_delta
+from dprun.mechanisms.noise import GAUSSIAN_DELTA_SLACK
+from dprun.plan import Plan
+
+DATA = pl.DataFrame({"uid": ["a", "b"], "region": ["x", "y"], "value": [1.0, 2.0]})
+
+
+def write_spec(folder: Path, body: dict) -> Path:
+    DATA.write_csv(folder / "data.csv")
+    document = {"version": 1, "privacy_unit": "uid", "inputs": {"data": {"path": "data.csv"}}, **body}
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def query(name: str, metrics: list[dict], **extra: object) -> dict:
+    return {
+        "name": name,
+        "input": "data",
+        "contribution_bounds": {"max_partitions_contributed": extra.pop("l0", 1),
+                                "max_contributions_per_partition": extra.pop("m", 1)},
+        "metrics": metrics,
+        "output": {"path": f"out/{name}.parquet"},
+        **extra,
+    }
+
+
+def planned(tmp_path: Path, body: dict) -> Plan:
+    return make_plan(validate(write_spec(tmp_path, body)))
+
+
+def test_count_laplace_scale_is_l0_times_m_over_epsilon(tmp_path: Path) -> None:
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 0.5},
+        "queries": [query("q", [{"name": "n", "kind": "count"}], l0=3, m=2, group_by=["region"],
+                          partitions={"public": ["x", "y"]})],
+    })
+    noise = plan.queries[0].quantities[0].noise
+    assert noise.kind == "laplace" and noise.grid_exponent == 0
+    assert noise.linf == 2 and noise.l0 == 3
+    assert noise.parameter == pytest.approx(3 * 2 / 0.5, rel=1e-9)
+
+
+def test_sum_sensitivity_uses_the_larger_bound_in_fixed_point(tmp_path: Path) -> None:
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 1.0},
+        "queries": [query("q", [{"name": "s", "kind": "sum", "column": "value", "bounds": [-80, 20]}], m=3)],
+    })
+    q = plan.queries[0].quantities[0]
+    real_linf = math.ldexp(q.quantity.linf_units, q.quantity.unit_exponent)
+    assert real_linf == pytest.approx(3 * 80, rel=2**-29)
+    assert real_linf >= 3 * 80
+    assert q.noise.std == pytest.approx(math.sqrt(2) * 3 * 80 / 1.0, rel=1e-6)
+
+
+def test_variance_uses_centred_squares_not_the_uncentred_range(tmp_path: Path) -> None:
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 1.0},
+        "queries": [query("q", [{"name": "v", "kind": "variance", "column": "value", "bounds": [0, 50]}], m=2)],
+    })
+    by_kind = {q.quantity.aggregate: q.quantity for q in plan.queries[0].quantities}
+    assert set(by_kind) == {"rows", "centered_sum", "centered_sumsq"}
+    sumsq = by_kind["centered_sumsq"]
+    assert math.ldexp(sumsq.linf_units, sumsq.unit_exponent) == pytest.approx(2 * 25.0**2, rel=2**-29)
+    centred = by_kind["centered_sum"]
+    assert math.ldexp(centred.linf_units, centred.unit_exponent) == pytest.approx(2 * 25.0, rel=2**-29)
+
+
+def test_shared_count_is_one_noisy_quantity(tmp_path: Path) -> None:
+    metrics = [
+        {"name": "n", "kind": "count", "column": "value"},
+        {"name": "mean", "kind": "mean", "column": "value", "bounds": [0, 10]},
+        {"name": "var", "kind": "variance", "column": "value", "bounds": [0, 10]},
+    ]
+    plan = planned(tmp_path, {"budget": {"epsilon": 1.0}, "queries": [query("q", metrics)]})
+    ids = [q.quantity.id for q in plan.queries[0].quantities]
+    assert len(ids) == len(set(ids)) == 3
+    assert plan.total_epsilon <= 1.0
+
+
+def test_gaussian_sigma_is_the_analytic_one_for_l2_sqrt_l0_times_linf(tmp_path: Path) -> None:
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "queries": [query("q", [{"name": "n", "kind": "count", "noise": "gaussian"}], l0=16, m=1,
+                          group_by=["region"], partitions={"public": ["x"]})],
+    })
+    noise = plan.queries[0].quantities[0].noise
+    expected = analytic_gaussian_sigma(math.sqrt(16), noise.epsilon, noise.delta - GAUSSIAN_DELTA_SLACK)
+    assert noise.std == pytest.approx(expected, rel=1e-6)
+    assert gaussian_delta(noise.std, math.sqrt(16) * (1 + 2.0**noise.grid_exponent), noise.epsilon) <= noise.delta
+
+
+def test_auto_noise_prefers_gaussian_at_large_l0_and_laplace_at_small(tmp_path: Path) -> None:
+    def kind(l0: int) -> str:
+        folder = tmp_path / str(l0)
+        folder.mkdir()
+        plan = planned(folder, {
+            "budget": {"epsilon": 1.0, "delta": 1e-5},
+            "queries": [query("q", [{"name": "n", "kind": "count"}], l0=l0, group_by=["region"],
+                              partitions={"public": ["x"]})],
+        })
+        return plan.queries[0].quantities[0].noise.kind
+
+    assert kind(1) == "laplace"
+    assert kind(64) == "gaussian"
+
+
+def test_pld_gives_strictly_less_noise_than_basic(tmp_path: Path) -> None:
+    def stds(method: str) -> list[float]:
+        folder = tmp_path / method
+        folder.mkdir()
+        metrics = [{"name": f"n{i}", "kind": "sum", "column": "value", "bounds": [0, i + 1.0]} for i in range(4)]
+        plan = planned(folder, {
+            "budget": {"epsilon": 1.0, "delta": 1e-6, "accounting": method},
+            "queries": [query("q", metrics, l0=8, group_by=["region"], partitions={"public": ["x"]}, noise="gaussian")],
+        })
+        assert plan.total_epsilon <= 1.0 and plan.total_delta <= 1e-6
+        return [q.noise.std for q in plan.queries[0].quantities]
+
+    basic, tight = stds("basic"), stds("pld")
+    assert all(t < 0.9 * b for t, b in zip(tight, basic, strict=True))
+
+
+metric_kinds = st.sampled_from(["count", "privacy_id_count", "sum", "mean", "variance", "stddev"])
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> dict:
+    delta = draw(st.sampled_from([0.0, 1e-9, 1e-6, 1e-3]))
+    queries = []
+    for index in range(draw(st.integers(1, 3))):
+        metrics = []
+        for m_index in range(draw(st.integers(1, 3))):
+            kind = draw(metric_kinds)
+            metric: dict = {"name": f"m{m_index}", "kind": kind,
+                            "budget_share": draw(st.sampled_from([0.5, 1.0, 3.0]))}
+            if kind not in ("count", "privacy_id_count"):
+                lower = draw(st.sampled_from([-100.0, 0.0, 1.5]))
+                metric |= {"column": "value", "bounds": [lower, lower + draw(st.sampled_from([0.1, 10.0, 1e6]))]}
+            if delta > 0:
+                metric["noise"] = draw(st.sampled_from(["auto", "laplace", "gaussian"]))
+            metrics.append(metric)
+        private = delta > 0 and draw(st.booleans())
+        extra: dict = {"group_by": ["region"], "budget_share": draw(st.sampled_from([1.0, 2.0]))}
+        extra["partitions"] = {"selection": draw(st.sampled_from(
+            ["auto", "truncated_geometric", "laplace_threshold", "gaussian_threshold"]))} if private else {
+            "public": ["x", "y"]}
+        queries.append(query(f"q{index}", metrics, l0=draw(st.integers(1, 100)), m=draw(st.integers(1, 10)), **extra))
+    return {"budget": {"epsilon": draw(st.sampled_from([0.1, 1.0, 8.0])), "delta": delta,
+                       "accounting": draw(st.sampled_from(["basic", "pld"]))}, "queries": queries}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=specs())
+def test_every_plan_spends_at_most_its_budget(tmp_path_factory: pytest.TempPathFactory, body: dict) -> None:
+    try:
+        plan = planned(tmp_path_factory.mktemp("spec"), body)
+    except SpecError as exc:
+        # Specs the budget cannot serve are refused with a located reason, never mis-planned.
+        assert all(p.line is not None and "cannot plan this spec" in p.message for p in exc.problems()), str(exc)
+        assume(False)
+    budget = body["budget"]
+    assert plan.total_epsilon <= budget["epsilon"]
+    assert plan.total_delta <= budget["delta"]
+    parts = [(q.noise.epsilon, q.noise.delta) for query in plan.queries for q in query.quantities]
+    parts += [(query.selection.epsilon, query.selection.delta) for query in plan.queries
+              if query.selection.mode == "private"]
+    if budget["accounting"] == "basic":
+        assert accounting.compose_basic(parts) == (plan.total_epsilon, plan.total_delta)
+    for query in plan.queries:
+        for q in query.quantities:
+            if q.noise.kind == "laplace":
+                assert q.noise.sensitivity / q.noise.parameter <= q.noise.epsilon * (1 + 1e-12)
