@@ -49,8 +49,8 @@ def _outputs_distinct(spec: Spec, base_dir: Path) -> Iterator[Finding]:
             yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
         if target in inputs:
             yield at, "the output path is an input path; dprun never overwrites its inputs"
-        if target == report:
-            yield at, "the output path is the report path"
+        if target in (report, report.with_suffix(".md")):
+            yield at, "the output path is the report's path (report.json and the report.md beside it)"
         if target.suffix.lower() not in (".parquet", ".csv") and query.output.format is None:
             yield at, "cannot tell the output format: use a .parquet or .csv suffix, or set `format`"
         seen[target] = query.name

@@ -441,7 +441,7 @@ SPEC_CASES: dict[str, tuple[str, list[Expect]]] = {
     ),
     "output_is_the_report": (
         edit(("      path: out/per_restaurant.csv\n", "      path: out/report.json\n      format: csv\n")),
-        [Expect(23, "queries[0].output.path", "the output path is the report path")],
+        [Expect(23, "queries[0].output.path", "the output path is the report's path")],
     ),
     "output_suffix_unknown": (
         edit(("      path: out/per_restaurant.csv\n", "      path: out/per_restaurant.txt\n")),
