@@ -29,7 +29,8 @@ Scalar = str | int | float | bool
 
 class Strict(BaseModel):
     # An unknown field is an error: a misspelt `epsilon` must never fall back to a default.
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    # Strict types: `epsilon: true` or `epsilon: "1"` is an error, not 1.0.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class Lifetime(Strict):
@@ -83,6 +84,12 @@ class Metric(Strict):
     q: float | list[float] | None = None
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice | None = None
+
+    @field_validator("bounds", mode="before")
+    @classmethod
+    def _pair(cls, value: object) -> object:
+        # YAML and JSON give a list; the model keeps an immutable pair.
+        return tuple(value) if isinstance(value, list) else value
 
     @field_validator("bounds")
     @classmethod
@@ -152,6 +159,14 @@ class Spec(Strict):
     report: str = Field(default="report.json", description="The accounting report; Markdown is written beside it.")
     dataset: str | None = Field(default=None, description="A stable id of the dataset, for the ledger.")
     ledger: str | None = Field(default=None, description="Release ledger (JSON lines) to record and check releases.")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        # `True == 1` in Python, so Literal[1] alone would accept `version: true`.
+        if isinstance(value, bool):
+            raise ValueError("version must be the number 1")
+        return value
 
     @property
     def privacy_unit_columns(self) -> list[str]:
