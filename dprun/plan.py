@@ -36,6 +36,7 @@ class MetricPlan:
     quantity_ids: tuple[str, ...]
     output_columns: tuple[str, ...]
     integer: bool  # released as integers (counts)
+    levels: tuple[float, ...] = ()  # quantile levels, one output column each
 
 
 @dataclass(frozen=True)

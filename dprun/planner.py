@@ -29,7 +29,7 @@ from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan, SelectionPlan
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame
 from dprun.spec.models import Metric, Query
-from dprun.spec.rules import output_columns
+from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
 # the shares can never make the composed total exceed the budget.
@@ -39,7 +39,6 @@ SEPARATE_SELECTIONS = ("truncated_geometric", "gaussian_threshold", "laplace_thr
 # How many times more units a separate selection (with Plume's second bounding) may need
 # than thresholding a released count, and still be preferred by `auto`.
 SEPARATE_SELECTION_SLACK = 1.5
-QUANTILE_KINDS = ("quantile", "median", "min", "max")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class _Weights:
 def make_plan(validated: ValidatedSpec) -> Plan:
     spec = validated.spec
     loaded = validated.loaded
-    _refuse_unsupported(validated)
     total_weight = sum(q.budget_share for q in spec.queries)
     shares = [(q, spec.budget.epsilon * q.budget_share / total_weight, spec.budget.delta * q.budget_share / total_weight)
               for q in spec.queries]
@@ -114,17 +112,6 @@ def _located(index: int, step: Callable[..., T], *args: object) -> T:
         raise Unplannable(("queries", index), str(exc)) from None
 
 
-def _refuse_unsupported(validated: ValidatedSpec) -> None:
-    found = []
-    for index, query in enumerate(validated.spec.queries):
-        for m_index, metric in enumerate(query.metrics):
-            if metric.kind in QUANTILE_KINDS:
-                found.append((("queries", index, "metrics", m_index, "kind"),
-                              f"`{metric.kind}` metrics are accepted by the spec but not computed yet"))
-    if found:
-        raise SpecError(validated.loaded.problems(found))
-
-
 def _mode(query: Query) -> str:
     if not query.group_by:
         return "global"
@@ -133,7 +120,10 @@ def _mode(query: Query) -> str:
 
 def _metric_quantities(query: Query) -> list[tuple[Metric, list[Quantity]]]:
     m = query.contribution_bounds.max_contributions_per_partition
-    return [(metric, metric_quantities(metric.kind, metric.column, metric.bounds, m)) for metric in query.metrics]
+    return [
+        (metric, metric_quantities(metric.kind, metric.column, metric.bounds, m, metric.branching, metric.depth))
+        for metric in query.metrics
+    ]
 
 
 def _weights(query: Query, mechanism: str | None) -> _Weights:
@@ -180,7 +170,7 @@ def _plan_query(
     for qid, weight in weights.quantities.items():
         q_eps = epsilon * weight / epsilon_weight * SHARE_SAFETY
         q_delta = delta * weight / delta_weight * SHARE_SAFETY if qid in delta_consumers else 0.0
-        noise = calibrate(kinds[qid], quantities[qid].unit_exponent, quantities[qid].linf_units, l0, q_eps, q_delta)
+        noise = _calibrated(quantities[qid], kinds[qid], l0, q_eps, q_delta)
         if multiplier != 1.0:
             noise = noise.scaled(multiplier)
         noisy.append(NoisyQuantity(quantities[qid], noise, weight))
@@ -196,6 +186,7 @@ def _plan_query(
             quantity_ids=tuple(q.id for q in qs),
             output_columns=tuple(output_columns(metric.name, metric.kind, metric.q)),
             integer=metric.kind in ("count", "privacy_id_count"),
+            levels=tuple(quantile_levels(metric.kind, metric.q)),
         )
         for metric, qs in _metric_quantities(query)
     )
@@ -245,13 +236,22 @@ def _choose_noise(
         q = quantities[qid]
         q_eps = epsilon * weight / total
         q_delta = delta * weight / all_delta if delta > 0 else 0.0
-        laplace = calibrate("laplace", q.unit_exponent, q.linf_units, l0, q_eps, 0.0)
+        laplace = _calibrated(q, "laplace", l0, q_eps, 0.0)
         if not gaussian_allowed(q_delta):
             kinds[qid] = "laplace"
             continue
-        gaussian = calibrate("gaussian", q.unit_exponent, q.linf_units, l0, q_eps, q_delta)
+        gaussian = _calibrated(q, "gaussian", l0, q_eps, q_delta)
         kinds[qid] = "gaussian" if gaussian.std < laplace.std else "laplace"
     return kinds
+
+
+def _calibrated(quantity: Quantity, kind: NoiseKind, l0: int, epsilon: float, delta: float) -> NoisePlan:
+    """Noise for a quantity; a quantile tree's levels count as separate partitions for L0."""
+    noise = calibrate(kind, quantity.unit_exponent, quantity.linf_units, l0 * quantity.coordinates, epsilon, delta)
+    if quantity.aggregate == "quantile_tree" and noise.grid_exponent > quantity.unit_exponent:
+        # Rounding several nodes of one level to a coarser grid is not covered by the sensitivity.
+        raise ValueError(f"the budget share of {quantity.id} is too small for a quantile tree")
+    return noise
 
 
 def _threshold_quantity(noisy: tuple[NoisyQuantity, ...]) -> NoisyQuantity | None:

@@ -6,6 +6,8 @@ stddev   = √variance
 where C is the noisy row count, S the noisy sum of values centred on mid = (lower+upper)/2
 and SS the noisy sum of their squares (seed 003, "Computing MEAN, VARIANCE").
 Counts are rounded to integers (exact already under discrete Laplace noise).
+Quantiles come from one noisy quantile tree per column (dprun.mechanisms.quantile_tree),
+already clamped to the bounds and monotone in q.
 """
 
 from __future__ import annotations
@@ -16,8 +18,19 @@ import polars as pl
 from dprun.plan import MetricPlan, QueryPlan
 
 
-def metric_columns(plan: QueryPlan, noisy: dict[str, np.ndarray]) -> list[pl.Series]:
-    return [_metric(metric, noisy) for metric in plan.metrics]
+Answers = dict[str, dict[float, np.ndarray]]
+
+
+def metric_columns(plan: QueryPlan, noisy: dict[str, np.ndarray], answers: Answers) -> list[pl.Series]:
+    columns: list[pl.Series] = []
+    for metric in plan.metrics:
+        if metric.levels:
+            tree = answers[metric.quantity_ids[0]]
+            columns += [pl.Series(name, tree[level]) for name, level in zip(metric.output_columns, metric.levels,
+                                                                             strict=True)]
+        else:
+            columns.append(_metric(metric, noisy))
+    return columns
 
 
 def _metric(metric: MetricPlan, noisy: dict[str, np.ndarray]) -> pl.Series:

@@ -18,6 +18,7 @@ from typing import Any
 from scipy.special import ndtri
 
 from dprun import __version__
+from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
 from dprun.plan import MetricPlan, Plan, QueryPlan
 from dprun.spec.input_schema import InputInfo
 
@@ -96,6 +97,15 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "std": first.std if len(noises) == 1 else None,
     }
     z = ndtri(0.5 + CONFIDENCE / 2)
+    if metric.levels:
+        quantity = query.quantity(metric.quantity_ids[0]).quantity
+        shape = TreeShape(quantity.lower or 0.0, quantity.upper or 0.0, quantity.branching, quantity.depth)
+        rank = z * rank_error_std(shape, first)
+        entry["levels"] = list(metric.levels)
+        entry["ci95_rank_error"] = rank
+        entry["ci95_rank_error_fraction_at_units"] = {str(n): rank / n for n in EXAMPLE_PARTITION_SIZES}
+        entry["leaf_width"] = shape.leaf_width
+        return entry
     if len(noises) == 1:
         entry["ci95_half_width"] = _half_width(first.kind, first.std, first.parameter, first.grid_exponent)
         return entry

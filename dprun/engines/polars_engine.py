@@ -24,6 +24,7 @@ from the plan and calls `dprun.mechanisms` to draw noise and select partitions.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,10 @@ import polars as pl
 from dprun.errors import DataError
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import add_noise
+from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles, unit_weight_expr
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
-from dprun.plan import QueryPlan
+from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo, scan
 
@@ -43,6 +45,11 @@ UNITS = "__dprun_units__"
 HASH = "__dprun_hash__"
 CUTOFF = "__dprun_cutoff__"
 SHARD = "__dprun_shard__"
+LEAF = "__dprun_leaf__"
+COUNT = "__dprun_count__"
+PRESENT = "__dprun_present__"
+WEIGHT = "__dprun_weight__"
+PARTITION = "__dprun_partition_index__"
 STREAMING = "streaming"
 # Input bytes per shard of units: Parquet expands several-fold in memory, CSV/NDJSON much less.
 SHARD_BYTES = 128 * 2**20
@@ -57,8 +64,9 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     """
     keys = list(plan.group_by) or [GLOBAL_KEY]
     seed = source.hash_seeds()[0]
+    shards = _partial_shards(plan, info, keys, seed, workdir)
     # col : (unit, partition keys, partial per quantity), one file per shard of units
-    partials = [pl.scan_parquet(path) for path in _partial_shards(plan, info, keys, seed, workdir)]
+    partials = [pl.scan_parquet(shard.partials) for shard in shards]
     bounded = [_cross_partition_bound(shard, plan, keys, seed) for shard in partials]
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
@@ -82,11 +90,13 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
     sums = sums.sort(keys, nulls_last=True)
     noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
-             for q in plan.quantities}
+             for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+    answers = {q.quantity.id: _quantiles(q, plan, shards, bounded, sums.select(keys), keys, source)
+               for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
     released = np.ones(sums.height, dtype=bool)
     if mode == "private" and plan.selection.mechanism == "released_count":
         released = _released_count_keep(plan, sums, noisy)
-    output = sums.select(keys).with_columns(metric_columns(plan, noisy)).filter(pl.Series(released, dtype=pl.Boolean))
+    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(pl.Series(released, dtype=pl.Boolean))
     return output.drop(GLOBAL_KEY) if not plan.group_by else output
 
 
@@ -104,7 +114,15 @@ def _shard_count(info: InputInfo) -> int:
     return max(1, math.ceil(total / per_shard))
 
 
-def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> list[Path]:
+@dataclass(frozen=True)
+class Shard:
+    """Files of one shard of units: per-(unit, partition) partials, and per-(unit, partition, leaf) tree weights."""
+
+    partials: Path
+    trees: dict[str, Path]
+
+
+def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> list[Shard]:
     """Write the per-(unit, partition) partials, sharded by a hash of the unit, to `workdir`.
 
     Every unit's rows land in one shard, so contribution bounding runs shard by shard
@@ -113,19 +131,68 @@ def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int
     rows = _rows(plan, info, keys)
     count = _shard_count(info)
     if count == 1:
-        path = workdir / "partials-0.parquet"
-        _sink(_partials(rows, plan, keys), path)
-        return [path]
+        return [_write_shard(rows, plan, keys, workdir, 0)]
     rows_dir = workdir / "rows"
     shard_of_unit = pl.struct(list(plan.privacy_unit)).hash(seed ^ SHARD_SEED_MASK) % count
     _sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False))
-    paths = []
+    shards = []
     for index in range(count):
         files = sorted((rows_dir / f"{SHARD}={index}").glob("*.parquet"))
         if files:
-            paths.append(workdir / f"partials-{index}.parquet")
-            _sink(_partials(pl.scan_parquet(files), plan, keys), paths[-1])
-    return paths
+            shards.append(_write_shard(pl.scan_parquet(files), plan, keys, workdir, index))
+    return shards
+
+
+def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: Path, index: int) -> Shard:
+    partials = workdir / f"partials-{index}.parquet"
+    _sink(_partials(rows, plan, keys), partials)
+    trees = {}
+    for position, noisy in enumerate(plan.quantities):
+        if noisy.quantity.aggregate == "quantile_tree":
+            trees[noisy.quantity.id] = workdir / f"tree-{position}-{index}.parquet"
+            _sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id])
+    return Shard(partials, trees)
+
+
+def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
+    """col : (unit, partition keys, leaf, weight): a unit's values in a partition weigh min(n, m)/n each."""
+    pair = [*plan.privacy_unit, *keys]
+    leaves = rows.select(*pair, _shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
+    per_leaf = leaves.group_by([*pair, LEAF]).agg(pl.len().cast(pl.Int64).alias(COUNT))
+    per_pair = per_leaf.group_by(pair).agg(pl.col(COUNT).sum().alias(PRESENT))
+    weight = pl.col(COUNT) * unit_weight_expr(pl.col(PRESENT), plan.max_rows)
+    return per_leaf.join(per_pair, on=pair, nulls_equal=True).select(*pair, LEAF, weight.alias(WEIGHT))
+
+
+def _shape(quantity: Quantity) -> TreeShape:
+    assert quantity.lower is not None and quantity.upper is not None
+    return TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
+
+
+def _quantiles(
+    noisy: NoisyQuantity, plan: QueryPlan, shards: list[Shard], bounded: list[pl.LazyFrame],
+    partitions: pl.DataFrame, keys: list[str], source: RandomSource,
+) -> dict[float, np.ndarray]:
+    """Every level asked of one quantile tree, answered from one noisy tree per partition."""
+    quantity = noisy.quantity
+    pair = [*plan.privacy_unit, *keys]
+    # col : (partition keys, leaf, weight) of the (unit, partition) pairs that survived bounding
+    per_shard = [
+        pl.scan_parquet(shard.trees[quantity.id])
+        .join(kept.select(pair), on=pair, how="semi", nulls_equal=True)
+        .group_by([*keys, LEAF]).agg(pl.col(WEIGHT).cast(pl.Int128).sum())
+        for shard, kept in zip(shards, bounded, strict=True)
+    ]
+    leaf_weights = _combine(per_shard, [*keys, LEAF])
+    indexed = partitions.with_row_index(PARTITION).with_columns(pl.col(PARTITION).cast(pl.Int64))
+    if leaf_weights.width == 0:
+        table = pl.DataFrame(schema={"partition": pl.Int64, "leaf": pl.Int64, "weight": pl.Int128})
+    else:
+        table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
+            pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
+    levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
+    answers = answer_quantiles(table, partitions.height, _shape(quantity), levels, noisy.noise, source)
+    return {level: answers[:, index] for index, level in enumerate(levels)}
 
 
 def _sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy) -> None:
@@ -196,7 +263,7 @@ def _partials(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFr
     aggregations: list[pl.Expr] = []
     for noisy in plan.quantities:
         q = noisy.quantity
-        if q.aggregate == "privacy_units":
+        if q.aggregate in ("privacy_units", "quantile_tree"):
             continue
         present = pl.col(q.column).count() if q.column is not None else pl.len()
         if q.aggregate == "rows":
@@ -239,13 +306,15 @@ def _partition_sums(
     aggregations = [pl.len().cast(pl.Int64).alias(UNITS)]
     for noisy in plan.quantities:
         q = noisy.quantity
+        if q.aggregate == "quantile_tree":
+            continue
         column = pl.len() if q.aggregate == "privacy_units" else pl.col(q.id).cast(pl.Int128).sum()
         aggregations.append(column.cast(pl.Int128).alias(q.id))
     sums = _combine([frame.group_by(keys).agg(aggregations) for frame in bounded], keys)
     if sums.width > 0:
         return sums
     schema = {**_key_schema(partials, keys), UNITS: pl.Int64}
-    schema |= {q.quantity.id: pl.Int128 for q in plan.quantities}
+    schema |= {q.quantity.id: pl.Int128 for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
     return pl.DataFrame(schema=schema)
 
 
@@ -258,7 +327,7 @@ def _public_keys(plan: QueryPlan, keys: list[str]) -> pl.DataFrame:
 def _with_all_keys(sums: pl.DataFrame, all_keys: pl.DataFrame, plan: QueryPlan) -> pl.DataFrame:
     """Every listed key, with zero sums where no bounded data fell into it (empty partitions get noise too)."""
     joined = all_keys.join(sums, on=all_keys.columns, how="left", nulls_equal=True)
-    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities)]
+    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities if q.quantity.aggregate != "quantile_tree")]
     return joined.with_columns(pl.col(c).fill_null(0) for c in value_columns)
 
 

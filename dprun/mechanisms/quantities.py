@@ -10,6 +10,7 @@ partition (seed 003, "Computing MEAN, VARIANCE"; seed 001, Table 4.2):
 | sum               | sum of clamped values                                 |
 | mean              | rows with a value, sum of values centred on the mid   |
 | variance, stddev  | the mean's two, plus sum of squared centred values    |
+| quantile, median, min, max | a quantile tree: weighted counts per tree node (`quantile_tree`) |
 
 Metrics of one query that need the same quantity share one noisy copy of it.
 
@@ -27,7 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq"]
+from dprun.mechanisms.quantile_tree import WEIGHT_BITS
+
+Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq", "quantile_tree"]
 
 # Units per value: the largest |value| is about 2^VALUE_BITS units, so the rounding
 # error of one value is below 2^-VALUE_BITS of its range.
@@ -54,10 +57,17 @@ class Quantity:
     unit_exponent: int
     max_units: int
     linf_units: int
+    branching: int = 0
+    depth: int = 0
 
     @property
     def unit(self) -> float:
         return math.ldexp(1.0, self.unit_exponent)
+
+    @property
+    def coordinates(self) -> int:
+        """Noisy values one unit can change per partition, each by up to `linf_units`: a tree's levels, else 1."""
+        return self.depth if self.aggregate == "quantile_tree" else 1
 
     @property
     def is_integer_count(self) -> bool:
@@ -65,9 +75,12 @@ class Quantity:
 
 
 def metric_quantities(
-    kind: str, column: str | None, bounds: tuple[float, float] | None, max_rows: int
+    kind: str, column: str | None, bounds: tuple[float, float] | None, max_rows: int,
+    branching: int = 16, depth: int = 4,
 ) -> list[Quantity]:
     """The quantities a metric needs, in a stable order; equal quantities have equal ids."""
+    if kind in ("quantile", "median", "min", "max"):
+        return [quantile_tree(column, bounds, max_rows, branching, depth)]
     aggregates: dict[str, list[Aggregate]] = {
         "count": ["rows"],
         "privacy_id_count": ["privacy_units"],
@@ -105,4 +118,30 @@ def build_quantity(
         unit_exponent=exponent,
         max_units=max_units,
         linf_units=max_rows * max_units,
+    )
+
+
+def quantile_tree(
+    column: str | None, bounds: tuple[float, float] | None, max_rows: int, branching: int, depth: int
+) -> Quantity:
+    """Node counts of a quantile tree over `bounds` (dprun.mechanisms.quantile_tree).
+
+    Each unit adds weights of 2**-WEIGHT_BITS counts, at most `max_rows` counts in all, to one
+    node per level: L∞ = m·2**WEIGHT_BITS units on each of the `depth` levels of a partition.
+    """
+    assert bounds is not None and column is not None, "a quantile tree needs a column and bounds"
+    lower, upper = bounds
+    weight = 2**WEIGHT_BITS
+    return Quantity(
+        id=f"quantile_tree({column} in [{lower:g}, {upper:g}], {branching}^{depth})",
+        aggregate="quantile_tree",
+        column=column,
+        lower=lower,
+        upper=upper,
+        center=0.0,
+        unit_exponent=-WEIGHT_BITS,
+        max_units=weight,
+        linf_units=max_rows * weight,
+        branching=branching,
+        depth=depth,
     )

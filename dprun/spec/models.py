@@ -19,6 +19,7 @@ MetricKind = Literal[
     "count", "privacy_id_count", "sum", "mean", "variance", "stddev",
     "quantile", "median", "min", "max",
 ]
+QUANTILE_KINDS: frozenset[str] = frozenset({"quantile", "median", "min", "max"})
 KINDS_WITH_VALUES: frozenset[str] = frozenset(
     {"sum", "mean", "variance", "stddev", "quantile", "median", "min", "max"}
 )
@@ -84,6 +85,8 @@ class Metric(Strict):
     q: float | list[float] | None = None
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice | None = None
+    branching: Annotated[int, Field(ge=2, le=256, description="Quantile tree: children per node.")] = 16
+    depth: Annotated[int, Field(ge=1, le=10, description="Quantile tree: levels below the root.")] = 4
 
     @field_validator("bounds", mode="before")
     @classmethod
@@ -127,6 +130,11 @@ class Metric(Strict):
             raise ValueError("a `quantile` metric needs `q`: a level in [0, 1] or a list of them")
         if self.kind != "quantile" and self.q is not None:
             raise ValueError(f"`q` is only for `quantile` metrics, not `{self.kind}`")
+        tree_set = {"branching", "depth"} & self.model_fields_set
+        if tree_set and self.kind not in QUANTILE_KINDS:
+            raise ValueError(f"`{sorted(tree_set)[0]}` is only for quantile, median, min and max metrics")
+        if self.branching**self.depth > 2**40:
+            raise ValueError("branching**depth must be at most 2**40 leaves")
         return self
 
 
