@@ -17,6 +17,10 @@ def _num(value: Any) -> str:
 
 
 def _accuracy(metric: dict[str, Any]) -> str:
+    if "ci95_rank_error" in metric:
+        sizes = metric["ci95_rank_error_fraction_at_units"]
+        shares = ", ".join(f"{100 * v:.2g}% at {int(k):,} units" for k, v in sizes.items())
+        return f"rank ±{_num(metric['ci95_rank_error'])} units ({shares})"
     if "ci95_half_width" in metric:
         return f"±{_num(metric['ci95_half_width'])}"
     sizes = metric["ci95_half_width_at_rows"]
