@@ -5,14 +5,27 @@
     plan = api.plan(validated)
     result = api.run("spec.yaml")          # publishes outputs and the report
     result.tables["visits_per_restaurant"]  # polars DataFrame of the DP release
+
+The release ledger (docs/ledger.md):
+
+    api.run("spec.yaml", ledger="ledger.jsonl")   # refuses a re-release or a spend past the lifetime
+    result.ledger_entry                            # the entry appended for this release
+    api.ledger_status(validated)                   # spent / remaining for the spec's dataset, or None
+    api.read_ledger("ledger.jsonl")                # every entry, checked
+    api.scaffold("data.parquet", "spec.yaml")      # a commented spec from the file's schema
+
+Failures raise `dprun.errors.DprunError` subclasses, each with its `exit_code`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,13 +33,16 @@ from typing import Any
 
 import polars as pl
 
+from dprun import ledger as ledger_mod
+from dprun import scaffold as scaffold_mod
 from dprun.engines import polars_engine
+from dprun.errors import DataError, SpecError
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import Plan, QueryPlan
 from dprun.planner import make_plan
 from dprun.publish import refuse_existing, staged
 from dprun.render import explanation_markdown
-from dprun.report import release_report
+from dprun.report import input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
 
 Progress = Callable[[str], None]
@@ -38,10 +54,19 @@ class RunResult:
     tables: dict[str, pl.DataFrame]
     report: dict[str, Any]
     report_path: Path
+    ledger_entry: dict[str, Any] | None = None  # the entry appended for this release
+    ledger_status: ledger_mod.Status | None = None  # the dataset's spend, this release included
 
 
 def validate(spec_path: str | Path) -> ValidatedSpec:
-    return validate_spec(Path(spec_path))
+    try:
+        return validate_spec(Path(spec_path))
+    except SpecError as error:
+        # A scaffold from `dprun init` fails until its FILL_IN placeholders are filled: say so plainly.
+        found = scaffold_mod.explain_placeholders(Path(spec_path), error.problems())
+        if found == error.problems():
+            raise
+        raise SpecError(found) from None
 
 
 def plan(validated: ValidatedSpec) -> Plan:
@@ -54,39 +79,151 @@ def run(
     seed: int | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    ledger: str | Path | None = None,
+    new_release: bool = False,
 ) -> RunResult:
     """Execute a spec and publish every output and the report, or nothing.
 
     `seed` makes the run deterministic for tests; the report then says
     `non_private_test_seed: true` and the release is not private.
+
+    With a ledger (`ledger`, else $DPRUN_LEDGER, else the spec's `ledger:`), its lock is
+    held from the check, before any data row is read, until this release's entry is
+    appended after the outputs are committed. A re-release of the same spec on the same
+    data raises `AlreadyReleased` unless `new_release`; a spend past `budget.lifetime`
+    raises `BudgetRefused`. A failed run appends nothing.
     """
     validated = validate(spec_path)
     the_plan = plan(validated)
+    ledger_path = ledger_mod.resolve_path(validated.loaded, ledger)
+    ledger_mod.require_ledger_for_lifetime(validated.loaded, ledger_path)
     report_md = the_plan.report_path.with_suffix(".md")
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
     targets += [(the_plan.report_path, True), (report_md, True)]
-    refuse_existing(targets)
-    source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
-    started = _now()
-    tables: dict[str, pl.DataFrame] = {}
-    # Intermediate files hold private data: a folder only this user can read, always removed.
-    with tempfile.TemporaryDirectory(prefix="dprun-", dir=os.environ.get("DPRUN_TMPDIR")) as scratch:
-        for index, query in enumerate(the_plan.queries):
-            if progress is not None:
-                progress(f"running query {query.name}")
-            workdir = Path(scratch) / str(index)
-            workdir.mkdir()
-            tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
-    released = {name: table.height for name, table in tables.items()}
-    outputs = {q.name: q.output_path for q in the_plan.queries}
-    report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)
-    with staged() as staging:
-        for query in the_plan.queries:
-            staging.write(query.output_path, _table_writer(tables[query.name], query))
-        staging.write(the_plan.report_path, lambda p: p.write_text(json.dumps(report, indent=2) + "\n"))
-        staging.write(report_md, lambda p: p.write_text(explanation_markdown(report, "DP release")))
-        staging.commit()
-    return RunResult(the_plan, tables, report, the_plan.report_path)
+    with ExitStack() as held:
+        book: ledger_mod.Ledger | None = None
+        release: ledger_mod.Release | None = None
+        if ledger_path is not None:
+            book = held.enter_context(ledger_mod.locked(ledger_path, on_wait=progress))
+            release = _release(validated, the_plan)
+            ledger_mod.check(book.status(release), new_release)
+        elif progress is not None:
+            progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
+        refuse_existing(targets)
+        source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
+        started = _now()
+        tables: dict[str, pl.DataFrame] = {}
+        # Intermediate files hold private data: a folder only this user can read, always removed.
+        with tempfile.TemporaryDirectory(prefix="dprun-", dir=os.environ.get("DPRUN_TMPDIR")) as scratch:
+            for index, query in enumerate(the_plan.queries):
+                if progress is not None:
+                    progress(f"running query {query.name}")
+                workdir = Path(scratch) / str(index)
+                workdir.mkdir()
+                tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
+        released = {name: table.height for name, table in tables.items()}
+        outputs = {q.name: q.output_path for q in the_plan.queries}
+        report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)
+        if release is not None and sorted(i["sha256"] for i in report["inputs"]) != release.input_hashes:
+            raise DataError("the input files changed while dprun ran; nothing was published or spent")
+        digests: dict[Path, str] = {}
+        entry: dict[str, Any] | None = None
+        with staged() as staging:
+            for query in the_plan.queries:
+                staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query),
+                                                         query.output_path, digests))
+            staging.write(the_plan.report_path, _hashed(
+                lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
+            staging.write(report_md, _hashed(
+                lambda p: p.write_text(explanation_markdown(report, "DP release")), report_md, digests))
+            # Publication and its ledger entry go together: a signal now waits until both are done.
+            with _signals_deferred():
+                staging.commit()
+                if book is not None and release is not None:
+                    entry = _record(book, release, the_plan, report, report_md, digests, new_release,
+                                    source.is_test_seed)
+        after = None if book is None or release is None else book.status(release)
+    return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
+
+
+def ledger_status(spec: str | Path | ValidatedSpec, ledger: str | Path | None = None) -> ledger_mod.Status | None:
+    """What the spec's dataset has spent in the ledger and what this spec would cost; None without a ledger.
+
+    Reads the ledger without its lock (it is only ever replaced atomically) and hashes the
+    input files for their fingerprints; reads no data rows.
+    """
+    validated = spec if isinstance(spec, ValidatedSpec) else validate(spec)
+    path = ledger_mod.resolve_path(validated.loaded, ledger)
+    if path is None:
+        return None
+    release = _release(validated, plan(validated))
+    return ledger_mod.status(path, ledger_mod.read_entries(path), release)
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    """Every entry of a ledger, checked (raises `LedgerError`, exit 6, if it is corrupt)."""
+    return ledger_mod.read_entries(Path(path))
+
+
+def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:
+    """A commented spec for a data file, from its column names and types only; see `dprun init`.
+
+    Paths in it are relative to `spec_path`'s folder (the working folder if None); nothing is written.
+    """
+    return scaffold_mod.scaffold(Path(data_path), None if spec_path is None else Path(spec_path), fmt)
+
+
+def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_mod.Release:
+    return ledger_mod.make_release(validated.loaded, (the_plan.total_epsilon, the_plan.total_delta),
+                                   the_plan.accounting, input_fingerprints(validated.inputs))
+
+
+def _record(book: ledger_mod.Ledger, release: ledger_mod.Release, the_plan: Plan, report: dict[str, Any],
+            report_md: Path, digests: dict[Path, str], new_release: bool, test_seed: bool) -> dict[str, Any]:
+    outputs = [{"query": q.name, "path": str(q.output_path), "sha256": digests[q.output_path]}
+               for q in the_plan.queries]
+    entry = ledger_mod.new_entry(
+        release, report["finished"], outputs,
+        {"path": str(the_plan.report_path), "sha256": digests[the_plan.report_path]},
+        {"path": str(report_md), "sha256": digests[report_md]},
+        new_release, test_seed,
+    )
+    try:
+        return book.append(entry)
+    except ledger_mod.LedgerError as error:
+        raise ledger_mod.LedgerError(
+            f"the release WAS published but could not be recorded: {error.message}. Append this entry to the "
+            f"ledger by hand before any other release: {json.dumps(entry, ensure_ascii=False)}"
+        ) from None
+
+
+def _hashed(writer: Callable[[Path], None], target: Path, digests: dict[Path, str]) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        writer(path)
+        digests[target] = ledger_mod.sha256_of(path)
+    return write
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Let SIGINT/SIGTERM wait while outputs are moved into place and the ledger entry is appended.
+
+    Once the first output is renamed into place the release exists, so stopping before
+    its entry is written would leave a published release the ledger does not know of.
+    A signal that arrives meanwhile is dropped: the release is complete a moment later.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _table_writer(table: pl.DataFrame, query: QueryPlan) -> Callable[[Path], None]:

@@ -14,13 +14,20 @@ import click
 from rich.console import Console
 
 from dprun import api
-from dprun.errors import DprunError, ExitCode, Interrupted
+from dprun import ledger as ledger_mod
+from dprun import scaffold as scaffold_mod
+from dprun.errors import DprunError, ExitCode, Interrupted, OutputError
 from dprun.render import explanation_markdown, print_explanation, print_summary
 from dprun.report import explain
 from dprun.spec.models import Spec
 
 FORMATS = click.Choice(["text", "json"])
 spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
+ledger_option = click.option(
+    "--ledger", "ledger", type=click.Path(path_type=Path, dir_okay=False), default=None,
+    help=f"Release ledger (JSON lines); overrides ${ledger_mod.ENVIRONMENT_VARIABLE} and the spec's `ledger:`.",
+)
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 def _console() -> Console:
@@ -33,8 +40,8 @@ def cli() -> None:
     """Publish statistics with user-level differential privacy from a declarative spec.
 
     Exit codes: 0 ok, 1 spec or input check failed, 2 usage or internal error,
-    3 data could not be processed, 4 budget refused, 5 already released,
-    6 output could not be written, 130 interrupted.
+    3 data could not be processed, 4 lifetime budget refused, 5 already released,
+    6 output or ledger could not be written (or the ledger is corrupt), 130 interrupted.
     """
 
 
@@ -53,15 +60,27 @@ def validate(spec: Path, fmt: str) -> None:
 @cli.command("explain-budget")
 @spec_argument
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
-def explain_budget(spec: Path, fmt: str) -> None:
-    """Show how the budget is spent and how accurate each number will be; reads no data rows."""
-    explanation = explain(api.plan(api.validate(spec)))
+@ledger_option
+def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
+    """Show how the budget is spent and how accurate each number will be; reads no data rows.
+
+    With a ledger, also what the spec's dataset has spent so far and what remains.
+    """
+    validated = api.validate(spec)
+    explanation = explain(api.plan(validated))
+    status = api.ledger_status(validated, ledger)
+    explanation["ledger"] = None if status is None else status.as_dict()
+    lines = ledger_mod.status_lines(status, validated.spec.budget.lifetime is not None)
     if fmt == "json":
         click.echo(json.dumps(explanation, indent=2))
     elif fmt == "markdown":
         click.echo(explanation_markdown(explanation), nl=False)
+        click.echo("\n## Ledger\n\n" + "".join(f"- {line}\n" for line in lines), nl=False)
     else:
-        print_explanation(explanation, _console())
+        console = _console()
+        print_explanation(explanation, console)
+        for line in lines:
+            console.print(line, markup=False)
 
 
 @cli.command()
@@ -70,28 +89,68 @@ def explain_budget(spec: Path, fmt: str) -> None:
 @click.option("--seed", type=int, default=None,
               help="TESTS ONLY: deterministic noise. The release is then NOT private and the report says so.")
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
-def run(spec: Path, overwrite: bool, seed: int | None, fmt: str) -> None:
-    """Execute the spec and publish the DP outputs and the report (all or nothing)."""
+@ledger_option
+@click.option("--new-release", is_flag=True,
+              help="Release again although the ledger holds this spec on this data: spends the budget again.")
+def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | None, new_release: bool) -> None:
+    """Execute the spec and publish the DP outputs and the report (all or nothing).
+
+    With a ledger, a re-run of the same spec on the same data is refused (exit 5) and a
+    spend past the lifetime budget is refused (exit 4), before any data row is read.
+    """
     console = _console()
     plain = fmt == "json" or not sys.stdout.isatty() or bool(os.environ.get("CI"))
 
     def progress(message: str) -> None:
         if fmt != "json":
-            console.print(message) if plain else console.log(message)
+            console.print(message, markup=False) if plain else console.log(message, markup=False)
 
-    if plain:
-        result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress)
-    else:
-        with console.status("running the plan"):
-            result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress)
+    try:
+        if plain:
+            result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
+                             new_release=new_release)
+        else:
+            with console.status("running the plan"):
+                result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
+                                 new_release=new_release)
+    except DprunError as error:
+        _step_summary(f"## dprun run {spec}: not released (exit {int(error.exit_code)})\n\n"
+                      + "".join(f"> {problem}\n" for problem in error.problems()) + "\n")
+        raise
+    ledger_line = _ledger_line(result.ledger_status)
     if fmt == "json":
-        click.echo(json.dumps(_summary(result.report, result.report_path), indent=2))
+        click.echo(json.dumps(_summary(result.report, result.report_path, result), indent=2))
     else:
         print_summary(result.report, console)
-        console.print(f"report: {result.report_path}")
+        console.print(f"report: {result.report_path}", markup=False)
+        console.print(ledger_line, markup=False)
+    _step_summary(explanation_markdown(result.report, "DP release") + f"\n{ledger_line}\n\n")
 
 
-def _summary(report: dict[str, Any], report_path: Path) -> dict[str, Any]:
+def _ledger_line(status: ledger_mod.Status | None) -> str:
+    if status is None:
+        return "ledger: none configured; this release was not recorded"
+    line = f"ledger: recorded in {status.path}; dataset spent {status.spent} in {status.releases} release(s)"
+    if status.remaining is not None:
+        line += f"; remaining {status.remaining}"
+    return line
+
+
+def _step_summary(markdown: str) -> None:
+    """Append to the GitHub Actions job summary when $GITHUB_STEP_SUMMARY is set; never fails the run."""
+    target = os.environ.get(STEP_SUMMARY)
+    if not target:
+        return
+    try:
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(markdown)
+    except OSError as exc:
+        click.echo(f"warning: cannot append to ${STEP_SUMMARY} ({exc.strerror})", err=True)
+
+
+def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | None = None) -> dict[str, Any]:
+    status = None if result is None else result.ledger_status
+    entry = None if result is None else result.ledger_entry
     return {
         "ok": True,
         "report": str(report_path),
@@ -101,7 +160,91 @@ def _summary(report: dict[str, Any], report_path: Path) -> dict[str, Any]:
             {"name": q["name"], "partitions_released": q["partitions_released"], "output": q["output"]}
             for q in report["queries"]
         ],
+        "ledger": None if status is None or entry is None else {
+            "path": str(status.path),
+            "release": entry["release"],
+            "dataset": status.release.dataset,
+            "spent": status.spent.as_dict(),
+            "releases": status.releases,
+            "lifetime": None if status.release.lifetime is None else status.release.lifetime.as_dict(),
+            "remaining": None if status.remaining is None else status.remaining.as_dict(),
+        },
     }
+
+
+@cli.group()
+def ledger() -> None:
+    """Inspect the release ledger."""
+
+
+@ledger.command("show")
+@click.argument("path", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--spec", "spec", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Use the ledger this spec names (its `ledger:`).")
+@click.option("--dataset", default=None, help="Only the releases of this dataset id.")
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
+def ledger_show(path: Path | None, spec: Path | None, dataset: str | None, fmt: str) -> None:
+    """List the releases in a ledger: PATH, else $DPRUN_LEDGER, else the one --spec names."""
+    loaded = None if spec is None or path is not None else api.validate(spec).loaded
+    where = ledger_mod.resolve_path(loaded, path)
+    if where is None:
+        raise click.UsageError(f"which ledger? give PATH, set ${ledger_mod.ENVIRONMENT_VARIABLE}, or --spec SPEC")
+    if not where.exists():
+        raise OutputError(f"no ledger at {where}")
+    entries = [e for e in api.read_ledger(where) if dataset is None or e["dataset"] == dataset]
+    totals = ledger_mod.totals_by_dataset(entries)
+    if fmt == "json":
+        click.echo(json.dumps({"ok": True, "ledger": str(where), "releases": entries, "datasets": totals}, indent=2))
+        return
+    lines = [f"ledger {where}: {len(entries)} release(s)"]
+    for entry in entries:
+        flags = " [new release]" if entry.get("new_release") else ""
+        flags += " [TEST SEED, not private]" if entry.get("non_private_test_seed") else ""
+        spec_name = entry.get("spec") or Path(str(entry.get("spec_path", "?"))).name
+        lines += [
+            f"#{entry.get('release', '?')}  {entry['time']}  spec {spec_name} ({entry['spec_sha256'][:12]})  "
+            f"ε={entry['epsilon']} δ={entry['delta']} ({entry['accounting']}){flags}",
+            f"    dataset {_short_dataset(entry['dataset'])}",
+            *[f"    output  {o['path']}" for o in entry["outputs"]],
+            f"    report  {(entry.get('report') or {}).get('path', '?')}",
+        ]
+    for key, total in totals.items():
+        spent = total["spent"]
+        lines.append(f"dataset {_short_dataset(key)}: {total['releases']} release(s), "
+                     f"spent ε={spent['epsilon']}, δ={spent['delta']}")
+    click.echo("\n".join(lines))
+
+
+def _short_dataset(key: str) -> str:
+    return key[:30] + "…" if key.startswith(ledger_mod.FINGERPRINT_PREFIX) else key
+
+
+@cli.command()
+@click.argument("datafile", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write the spec here (paths in it become relative to it); default: print it.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "ndjson"]), default=None,
+              help="The data file's format, if its suffix does not tell.")
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> None:
+    """Scaffold a commented spec from DATAFILE's column names and types (never its values).
+
+    The privacy unit and all bounds are left as FILL_IN placeholders to fill from domain
+    knowledge; the spec fails validation until they are filled.
+    """
+    text = api.scaffold(datafile, output, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    if output.exists() and not force:
+        raise OutputError(f"{output} exists already (use --force to replace it)")
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write {output}: {exc.strerror or type(exc).__name__}") from None
+    count = len(scaffold_mod.placeholder_lines(text))
+    click.echo(f"wrote {output}: fill its {count} {scaffold_mod.PLACEHOLDER} placeholders "
+               f"(privacy unit and bounds), then run `dprun validate {output}`", err=True)
 
 
 @cli.command()
@@ -129,7 +272,11 @@ def _wants_json(args: list[str]) -> bool:
 def _report_error(error: DprunError, as_json: bool) -> None:
     if as_json:
         problems = [p.as_dict() for p in error.problems()]
-        click.echo(json.dumps({"ok": False, "exit_code": int(error.exit_code), "problems": problems}, indent=2))
+        answer: dict[str, Any] = {"ok": False, "exit_code": int(error.exit_code), "problems": problems}
+        details = getattr(error, "details", None)
+        if details:
+            answer["details"] = details  # e.g. the earlier release, or requested/spent/remaining
+        click.echo(json.dumps(answer, indent=2))
     else:
         for problem in error.problems():
             click.echo(f"error: {problem}".replace("error: : ", "error: "), err=True)

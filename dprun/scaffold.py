@@ -1,0 +1,221 @@
+"""`dprun init DATAFILE`: a commented spec scaffolded from a data file's schema.
+
+Only column names and types are used: Parquet's from the file footer, CSV's and NDJSON's
+from the header and the small sample Polars infers types from (as `dprun validate`
+does). No value is read into the scaffold or printed. Everything that must come from
+domain knowledge rather than from the data (the privacy unit, contribution bounds,
+value bounds) is left as the placeholder `FILL_IN`, so the scaffold fails validation,
+with a message saying so, until the user fills it in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import polars as pl
+
+from dprun.errors import Problem, SpecError
+from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, input_format, read_schema
+
+PLACEHOLDER = "FILL_IN"
+PLACEHOLDER_MESSAGE = (
+    f"`{PLACEHOLDER}` is a placeholder left by `dprun init`: replace it with a value from domain "
+    "knowledge, never from the data (see the comment above it)"
+)
+_ID_LIKE = re.compile(r"(^|_)(id|uid|user|person|people|customer|client|visitor|account|member|patient|"
+                      r"employee|email|device|household)s?($|_)|id$", re.IGNORECASE)
+
+
+def _quote(text: str) -> str:
+    """A YAML double-quoted scalar (JSON's escaping is valid YAML), safe in comments too."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+def _identifier(text: str, fallback: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    if not name:
+        return fallback
+    return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
+
+
+def _type_name(dtype: pl.DataType) -> str:
+    return re.sub(r"[^A-Za-z0-9_()\[\], ]", "", str(dtype))
+
+
+def describe(path: Path, fmt: str | None = None) -> tuple[str, dict[str, pl.DataType]]:
+    """The file's format and its schema (names and types only)."""
+    found = input_format(str(path), fmt)
+    if found is None:
+        raise SpecError([Problem(str(path), None, None, "",
+                                 "cannot tell the format from the suffix; pass --format csv | parquet | ndjson")])
+    if not path.is_file():
+        raise SpecError([Problem(str(path), None, None, "", "data file not found")])
+    try:
+        schema = read_schema((path,), found)
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
+        # Polars' own message may quote a value; never pass it on.
+        raise SpecError([Problem(str(path), None, None, "",
+                                 f"cannot read the {found} schema ({type(exc).__name__}); "
+                                 f"is it a valid {found} file?")]) from None
+    if not schema:
+        raise SpecError([Problem(str(path), None, None, "", "the file has no columns (empty file?)")])
+    return found, schema
+
+
+def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = None) -> str:
+    """The scaffold's text. Paths in it are relative to `spec_path`'s folder (else the working folder)."""
+    found, schema = describe(data_path, fmt)
+    base = (spec_path.resolve().parent if spec_path is not None else Path.cwd())
+    relative = os.path.relpath(data_path.resolve(), base)
+    stem = _identifier(data_path.name.split(".")[0], "data")
+    names = list(schema)
+    numeric = [c for c in names if schema[c].is_numeric()]
+    floats = [c for c in numeric if schema[c].is_float()]
+    keys = [c for c in names if not schema[c].is_float() and not schema[c].is_nested()]
+    units = sorted(keys, key=lambda c: 0 if _ID_LIKE.search(c) else 1)
+    group_candidates = [c for c in keys if not _ID_LIKE.search(c)]
+    values = floats + [c for c in numeric if c not in floats and not _ID_LIKE.search(c)]
+
+    def listing(columns: list[str], limit: int = 12) -> str:
+        shown = ", ".join(f"{_quote(c)} ({_type_name(schema[c])})" for c in columns[:limit])
+        more = f", and {len(columns) - limit} more" if len(columns) > limit else ""
+        return (shown + more) or "(none)"
+
+    types_from = ("types from the file footer" if found == "parquet"
+                  else f"types inferred from the header and up to {SCHEMA_SAMPLE_ROWS} sample rows")
+    lines = [
+        f"# dprun spec scaffolded by `dprun init` from the column names and types of {_quote(relative)}",
+        f"# ({found}; {types_from}).",
+        "# No data value was read into this file.",
+        "#",
+        f"# Before running: replace every {PLACEHOLDER} below; `dprun validate` fails until you do.",
+        "# Choose every bound from domain knowledge, NEVER from the data: bounds computed from",
+        "# the data leak it and void the privacy guarantee. docs/spec.md documents every field.",
+        "#",
+        "# Columns:",
+        *[f"#   {_quote(c)}: {_type_name(schema[c])}" for c in names],
+        "version: 1",
+        f"name: {_quote(stem)}",
+        "# The privacy unit: the column identifying whom the release protects (a person, a",
+        "# customer account, ...). All rows with the same value are bounded together.",
+        f"# Candidates: {listing(units)}",
+        f"privacy_unit: {PLACEHOLDER}",
+        "budget:",
+        "  epsilon: 1.0       # the privacy loss of one release",
+        "  delta: 1.0e-6      # 0 for pure DP (Laplace noise only)",
+        "  accounting: basic  # or pld: tighter composition, less noise",
+        "  # The most this dataset may spend over all releases, enforced with the ledger:",
+        "  # lifetime: {epsilon: 10.0, delta: 1.0e-5}",
+        "# A stable name for the dataset: all releases of specs with this id share its lifetime",
+        "# budget. Without it, the dataset is identified by the fingerprints of its input files.",
+        f"dataset: {_quote(stem)}",
+        "# Every release is recorded here (relative to this file); a re-run of the same spec on the",
+        "# same data is refused. Keep it with your specs, under version control (docs/ledger.md).",
+        "ledger: dprun-ledger.jsonl",
+        "inputs:",
+        f"  {stem}:",
+        f"    path: {_quote(relative)}  # relative to this spec file",
+        f"    format: {found}",
+        "queries:",
+        f"  - name: {stem}",
+        f"    input: {stem}",
+        "    # Partition by columns (e.g. categories, dates) to release one row per key. The keys",
+        "    # are then selected privately unless listed under `partitions: {public: [...]}`.",
+        f"    # Candidates: {listing(group_candidates)}",
+    ]
+    if group_candidates:
+        lines.append(f"    # group_by: [{_quote(group_candidates[0])}]")
+    else:
+        lines.append("    # group_by: [column]")
+    lines += [
+        "    contribution_bounds:",
+        "      # How many partitions (group_by keys; 1 without group_by) one privacy unit may",
+        "      # contribute to, and how many of its rows count in each; the rest are dropped at random.",
+        f"      max_partitions_contributed: {PLACEHOLDER}",
+        f"      max_contributions_per_partition: {PLACEHOLDER}",
+        "    metrics:",
+        "      - {name: rows, kind: count}",
+        "      - {name: people, kind: privacy_id_count}",
+    ]
+    used = {"rows", "people"}
+    if values:
+        lines += [
+            "      # bounds: [lower, upper], the range of plausible values of the column, from domain",
+            "      # knowledge; values outside it are clamped. Other kinds: mean, variance, stddev,",
+            "      # quantile (with q), median, min, max.",
+        ]
+        for index, column in enumerate(values[:12]):
+            name = _identifier(column, "value") + "_sum"
+            while name in used:
+                name = f"{name}_"
+            used.add(name)
+            metric = (f"- {{name: {name}, kind: sum, column: {_quote(column)}, "
+                      f"bounds: [{PLACEHOLDER}, {PLACEHOLDER}]}}")
+            lines.append(f"      {metric}" if index == 0 else f"      # {metric}")
+    lines += [
+        "    output:",
+        f"      path: out/{stem}.parquet  # relative to this spec file",
+        "report: out/report.json  # the accounting report; report.md is written beside it",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def placeholder_lines(text: str) -> list[tuple[int, int]]:
+    """(line, column), 1-based, of every placeholder outside comments."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        content = _without_comment(line)
+        for match in re.finditer(rf"\b{PLACEHOLDER}\b", content):
+            found.append((number, match.start() + 1))
+    return found
+
+
+def _key_of(line: str) -> str:
+    match = re.match(r"\s*(?:-\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*:", line)
+    return match.group(1) if match else ""
+
+
+def _without_comment(line: str) -> str:
+    """The line up to a YAML comment: a `#` at its start or after a blank, outside quotes."""
+    quote = ""
+    escaped = False
+    for index, char in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote == '"':
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in "\"'" and (index == 0 or line[index - 1] in " \t[{,:"):
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1] in " \t"):
+            return line[:index]
+    return line
+
+
+def explain_placeholders(spec_path: Path, problems: list[Problem]) -> list[Problem]:
+    """Problems with those on placeholder lines reworded, and unreported placeholders added."""
+    try:
+        text = spec_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return problems
+    at = placeholder_lines(text)
+    if not at:
+        return problems
+    lines = {line for line, _ in at}
+    explained = [
+        Problem(p.file, p.line, p.column, p.field, PLACEHOLDER_MESSAGE) if p.line in lines else p for p in problems
+    ]
+    reported = {p.line for p in explained}
+    text_lines = text.splitlines()
+    explained += [Problem(str(spec_path), line, column, _key_of(text_lines[line - 1]), PLACEHOLDER_MESSAGE)
+                  for line, column in at if line not in reported]
+    unique: list[Problem] = []
+    for problem in sorted(explained, key=lambda p: (p.line or 0, p.column or 0)):
+        if problem not in unique:
+            unique.append(problem)
+    return unique
