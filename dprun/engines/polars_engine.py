@@ -46,7 +46,6 @@ HASH = "__dprun_hash__"
 CUTOFF = "__dprun_cutoff__"
 SHARD = "__dprun_shard__"
 LEAF = "__dprun_leaf__"
-COUNT = "__dprun_count__"
 PRESENT = "__dprun_present__"
 WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
@@ -155,13 +154,12 @@ def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: 
 
 
 def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
-    """col : (unit, partition keys, leaf, weight): a unit's values in a partition weigh min(n, m)/n each."""
+    """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
     leaves = rows.select(*pair, _shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
-    per_leaf = leaves.group_by([*pair, LEAF]).agg(pl.len().cast(pl.Int64).alias(COUNT))
-    per_pair = per_leaf.group_by(pair).agg(pl.col(COUNT).sum().alias(PRESENT))
-    weight = pl.col(COUNT) * unit_weight_expr(pl.col(PRESENT), plan.max_rows)
-    return per_leaf.join(per_pair, on=pair, nulls_equal=True).select(*pair, LEAF, weight.alias(WEIGHT))
+    per_pair = leaves.group_by(pair).agg(pl.len().cast(pl.Int64).alias(PRESENT))
+    weight = unit_weight_expr(pl.col(PRESENT), plan.max_rows)
+    return leaves.join(per_pair, on=pair, nulls_equal=True).select(*pair, LEAF, weight.alias(WEIGHT))
 
 
 def _shape(quantity: Quantity) -> TreeShape:
