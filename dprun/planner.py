@@ -108,8 +108,8 @@ def _located(index: int, step: Callable[..., T], *args: object) -> T:
         return step(*args)
     except Unplannable as exc:
         raise Unplannable(("queries", index, *exc.path), str(exc)) from None
-    except ValueError as exc:
-        raise Unplannable(("queries", index), str(exc)) from None
+    except (ValueError, OverflowError) as exc:
+        raise Unplannable(("queries", index), str(exc) or "the numbers are out of range") from None
 
 
 def _mode(query: Query) -> str:

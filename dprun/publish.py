@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import polars as pl
+
 from dprun.errors import OutputError
 
 Writer = Callable[[Path], None]
@@ -31,8 +33,10 @@ class Staging:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             writer(temporary)
-        except OSError as exc:
-            raise OutputError(f"cannot write {target}: {exc.strerror or type(exc).__name__}") from None
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            # Polars reports a full disk as a ComputeError or a bare OSError: say what it likely is.
+            reason = getattr(exc, "strerror", None) or _first_line(exc)
+            raise OutputError(f"cannot write {target}: {reason}") from None
 
     def commit(self) -> None:
         for temporary, target in self._pending:
@@ -50,6 +54,12 @@ class Staging:
                 # Its folder may not exist or be a file: then the temporary was never written.
                 pass
         self._pending.clear()
+
+
+def _first_line(exc: Exception) -> str:
+    # Write errors name the target and the OS error, never data values.
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextmanager

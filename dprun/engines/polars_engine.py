@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dprun.errors import DataError
+from dprun.errors import DataError, OutputError
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import add_noise
 from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles, unit_weight_expr
@@ -197,6 +197,10 @@ def _sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy) -> None:
     try:
         frame.sink_parquet(target, mkdir=True, engine=STREAMING)
     except pl.exceptions.PolarsError as exc:
+        if "os error" in str(exc):
+            # An operating-system failure (e.g. a full disk) names no data value; say it as it is.
+            reason = str(exc).strip().splitlines()[0]
+            raise OutputError(f"cannot write intermediate files (set DPRUN_TMPDIR to a larger disk?): {reason}") from None
         raise _data_error(exc) from None
 
 

@@ -66,7 +66,7 @@ def load_spec(path: Path) -> LoadedSpec:
     except ValidationError as exc:
         raise SpecError(_pydantic_problems(exc, filename, marks, data)) from None
     loaded = LoadedSpec(path=path, spec=spec, marks=marks, sha256=sha256)
-    findings = spec_findings(spec, loaded.base_dir)
+    findings = spec_findings(spec, loaded.base_dir, path)
     if findings:
         raise SpecError(loaded.problems(findings))
     return loaded

@@ -9,6 +9,7 @@ are never passed on.
 from __future__ import annotations
 
 import glob
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +91,23 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
         info = infos.get(query.input)
         if info is not None:
             findings += _query_columns(spec, query, info, ("queries", index))
-            findings += [(("queries", index, *path), msg) for path, msg in _public_file(query, base_dir)]
+            public = _public_file(query, base_dir)
+            findings += [(("queries", index, *path), msg) for path, msg in public]
+            if not public and query.partitions is not None and query.partitions.is_public:
+                findings += [(("queries", index, *path), msg) for path, msg in _public_key_types(query, base_dir, info)]
     return infos, findings
+
+
+def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Finding]:
+    """Public keys must convert to the group_by columns' types (the keys are public: naming them is fine)."""
+    if any(column not in info.schema for column in query.group_by):
+        return []
+    try:
+        public_keys_frame(query, base_dir, info.schema)
+    except (pl.exceptions.PolarsError, ValueError, TypeError):
+        types = ", ".join(f"{c}: {info.schema[c]}" for c in query.group_by)
+        return [(("partitions", "public"), f"a public key does not convert to the group_by column types ({types})")]
+    return []
 
 
 def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> list[Finding]:
@@ -121,7 +137,14 @@ def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> 
     return findings
 
 
+# A filter is one row expression. Polars' SQL would also accept sub-queries, and a sub-query
+# can read files (`SELECT ... FROM read_csv(...)`), so any SELECT is refused before parsing.
+SUBQUERY = re.compile(r"\bselect\b", re.IGNORECASE)
+
+
 def _filter_findings(text: str, schema: dict[str, pl.DataType], input_name: str) -> list[Finding]:
+    if SUBQUERY.search(text):
+        return [(("filter",), "the filter must be a row expression; sub-queries (SELECT) are not allowed")]
     try:
         expression = pl.sql_expr(text)
         names = expression.meta.root_names()

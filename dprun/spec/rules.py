@@ -6,6 +6,7 @@ located problems. Rules never look at data, only at the spec.
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +16,10 @@ from dprun.spec.yaml_loader import FieldPath
 Finding = tuple[FieldPath, str]
 
 
-def spec_findings(spec: Spec, base_dir: Path) -> list[Finding]:
+def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
     findings: list[Finding] = []
     findings += _unique_query_names(spec)
-    findings += _outputs_distinct(spec, base_dir)
+    findings += _outputs_distinct(spec, base_dir, spec_path)
     if isinstance(spec.privacy_unit, list):
         findings += _listed_twice(spec.privacy_unit, ("privacy_unit",))
     for index, query in enumerate(spec.queries):
@@ -38,9 +39,24 @@ def _unique_query_names(spec: Spec) -> Iterator[Finding]:
         seen.add(query.name)
 
 
-def _outputs_distinct(spec: Spec, base_dir: Path) -> Iterator[Finding]:
-    inputs = {(base_dir / i.path).resolve() for i in spec.inputs.values()}
+def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
+    """Every file the spec reads: inputs (each file a glob matches), public key files, the spec itself."""
+    read = {spec_path.resolve()}
+    for declared in spec.inputs.values():
+        pattern = declared.path if Path(declared.path).is_absolute() else str(base_dir / declared.path)
+        read.add(Path(pattern).resolve())
+        read |= {Path(p).resolve() for p in glob.glob(pattern, recursive=True)}
+    for query in spec.queries:
+        if query.partitions is not None and query.partitions.public_file is not None:
+            read.add((base_dir / query.partitions.public_file).resolve())
+    return read
+
+
+def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
+    inputs = _read_paths(spec, base_dir, spec_path)
     report = (base_dir / spec.report).resolve()
+    if {report, report.with_suffix(".md")} & inputs:
+        yield ("report",), "the report (or the report.md beside it) would overwrite a file this spec reads"
     seen: dict[Path, str] = {}
     for index, query in enumerate(spec.queries):
         target = (base_dir / query.output.path).resolve()
@@ -48,7 +64,7 @@ def _outputs_distinct(spec: Spec, base_dir: Path) -> Iterator[Finding]:
         if target in seen:
             yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
         if target in inputs:
-            yield at, "the output path is an input path; dprun never overwrites its inputs"
+            yield at, "the output path is a file this spec reads (an input, a public key file or the spec)"
         if target in (report, report.with_suffix(".md")):
             yield at, "the output path is the report's path (report.json and the report.md beside it)"
         if target.suffix.lower() not in (".parquet", ".csv") and query.output.format is None:

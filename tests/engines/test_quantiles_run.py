@@ -9,7 +9,7 @@ import click
 import numpy as np
 import polars as pl
 import pytest
-import yaml
+import json
 from click.testing import CliRunner
 
 from dprun.cli import main
@@ -52,7 +52,7 @@ def run(tmp_path: Path, seed: int, partitions: dict | None, metrics: list[dict])
     spec = {"version": 1, "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 1e-6},
             "inputs": {"rows": {"path": "rows.parquet"}}, "queries": [query], "report": "out/report.json"}
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(json.dumps(spec))
     outcome = CliRunner().invoke(DPRUN, ["run", str(path), "--seed", str(seed)])
     assert outcome.exit_code == 0, f"seed={seed}: {outcome.output}"
     return pl.read_parquet(tmp_path / "out" / "q.parquet")

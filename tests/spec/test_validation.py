@@ -437,7 +437,7 @@ SPEC_CASES: dict[str, tuple[str, list[Expect]]] = {
     ),
     "output_is_an_input": (
         edit(("      path: out/per_restaurant.csv\n", "      path: visits.csv\n")),
-        [Expect(23, "queries[0].output.path", "the output path is an input path")],
+        [Expect(23, "queries[0].output.path", "the output path is a file this spec reads")],
     ),
     "output_is_the_report": (
         edit(("      path: out/per_restaurant.csv\n", "      path: out/report.json\n      format: csv\n")),

@@ -1,0 +1,461 @@
+"""Wall time, peak memory and utility of `dprun run` against plain Polars baselines.
+
+Usage: python benchmarks/bench_run.py [--data benchmarks/data/synth_1e6.parquet]
+           [--cases a,b,c1,c2,c3] [--repeat N] [--limit CASE=GB ...] [--max-rss CASE=GB ...]
+           [--phases] [--keep DIR]
+(with dprun installed, e.g. pip install -e .; data from generate_synthetic.py)
+
+Cases, each run in its own subprocess on one Parquet file (columns user_id, key, value):
+
+  a   non-private Polars group-by count per key (streaming engine); its output is the
+      exact record count per key that every error is measured against, so (a) always runs
+  b   non-private, contribution-bounded Polars baseline: distinct (user, key) pairs
+      (L∞ = 1), 64 of each user's keys chosen at random (L0 = 64), then a count per key
+  c1  `dprun run` on specs/plume_paper.yaml (the Plume paper's configuration: Laplace
+      noise, laplace_threshold selection, basic accounting)
+  c2  `dprun run` on specs/plume_auto.yaml (dprun's automatic plan, pld accounting)
+  c3  `dprun run` on specs/plume_sum_mean.yaml (count, sum and mean of `value` in
+      [0, 100], automatic plan)
+
+The specs name ../data/synth_1e6.parquet. The script always runs a temporary copy of each
+spec that names --data by absolute path and writes its outputs (and dprun's scratch
+files, DPRUN_TMPDIR) to a temporary folder, so benchmarks/data/out is never touched.
+
+Columns: the wall time of the subprocess (interpreter start included; the fastest of
+--repeat runs, (a) at least 3 runs), its ratio to (a) and (b), the CPU time (user +
+system; less sensitive than wall time to other work on the machine), the peak RSS
+(os.wait4's ru_maxrss), the peak virtual size (polled from /proc: what an address-space
+limit must allow), keys released, the mean absolute error (MAE) and mean relative error
+(MRE) of the released counts on the released keys, and the MRE on the 1,000 keys with
+the most records (a key not released counts as 0). Errors are averaged over the runs.
+
+Memory guards: --max-rss CASE=GB kills a case whose RSS passes GB (default b=15);
+--limit CASE=GB runs a case under RLIMIT_AS = GB GiB (like `ulimit -v` or `prlimit --as`),
+to show that it runs in bounded memory. A case that fails is reported as failed.
+--phases also times, one subprocess each, the Polars steps of dprun's engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_DATA = HERE / "data" / "synth_1e6.parquet"
+SPECS = {"c1": "plume_paper.yaml", "c2": "plume_auto.yaml", "c3": "plume_sum_mean.yaml"}
+DESCRIPTIONS = {
+    "a": "polars group-by count (exact)",
+    "b": "polars bounded L0=64 L∞=1 (non-private)",
+    "c1": "dprun run, paper config (plume_paper)",
+    "c2": "dprun run, automatic plan (plume_auto)",
+    "c3": "dprun run, count+sum+mean (plume_sum_mean)",
+}
+ALL_CASES = ["a", "b", "c1", "c2", "c3"]
+DEFAULT_MAX_RSS = {"b": 15.0}
+BASELINE_RUNS = 3
+L0 = 64
+TOP_KEYS = 1000
+COUNT_COLUMN = "records"  # the count metric's name in every spec
+BYTES_PER_ROW = 24  # user_id int64 + key int64 + value float64
+VALUE_BOUNDS = (0.0, 100.0)  # c3's bounds on `value`
+
+# Baselines, run as `python -c CODE DATA OUT`.
+BASELINE_A = """
+import sys, polars as pl
+data, out = sys.argv[1:3]
+counts = pl.scan_parquet(data).group_by("key").agg(pl.len().cast(pl.Int64).alias("records"))
+counts.sink_parquet(out, engine="streaming")
+"""
+BASELINE_B = f"""
+import sys, polars as pl
+data, out = sys.argv[1:3]
+pairs = pl.scan_parquet(data).select("user_id", "key").unique()            # L∞ = 1
+kept = pairs.group_by("user_id").agg(pl.col("key").shuffle().head({L0}))  # L0 = {L0}, at random
+counts = kept.explode("key").group_by("key").agg(pl.len().cast(pl.Int64).alias("records"))
+counts.sink_parquet(out, engine="streaming")
+"""
+
+# The steps of dprun's Polars engine (dprun/engines/polars_engine.py) for a per-key count,
+# re-implemented so that each can be timed alone. Each snippet sees `data` and `tmp`.
+PHASES = [
+    (
+        "read user_id, key (sum both columns)",
+        """
+pl.scan_parquet(data).select(pl.col("user_id").sum(), pl.col("key").sum()).collect(engine="streaming")
+""",
+    ),
+    (
+        "group-by count per key (= a)",
+        """
+pl.scan_parquet(data).group_by("key").agg(pl.len()).collect(engine="streaming")
+""",
+    ),
+    (
+        "shard rows by hash(user) (if > 128 MiB)",
+        """
+shards = -(-os.path.getsize(data) // (128 * 2**20))  # dprun: one shard per 128 MiB of Parquet
+if shards > 1:  # one shard: dprun groups the input directly
+    rows = pl.scan_parquet(data).select("key", "user_id")
+    rows = rows.with_columns((pl.struct("user_id").hash(1) % shards).alias("shard"))
+    rows.sink_parquet(pl.PartitionBy(f"{tmp}/rows", key="shard", include_key=False), mkdir=True, engine="streaming")
+""",
+    ),
+    (
+        "partials: group_by(user, key) per shard",
+        """
+import glob
+shards = [sorted(glob.glob(f"{d}/*.parquet")) for d in sorted(glob.glob(f"{tmp}/rows/shard=*"))] or [data]
+for i, files in enumerate(shards):
+    frame = pl.scan_parquet(files).group_by("user_id", "key").agg(pl.len().alias("n"))
+    frame.sink_parquet(f"{tmp}/partials-{i}.parquet", engine="streaming")
+""",
+    ),
+    (
+        "L0 bound (keyed hash) + users per key",
+        """
+import glob
+def bound(p):
+    h = p.with_columns(pl.struct("user_id", "key").hash(2).alias("h"))
+    over = h.group_by("user_id").agg(pl.len().alias("c")).filter(pl.col("c") > 64)
+    cut = h.join(over, on="user_id", how="semi").group_by("user_id").agg(pl.col("h").bottom_k(64).max().alias("cut"))
+    return h.join(cut, on="user_id", how="left").filter(pl.col("cut").is_null() | (pl.col("h") <= pl.col("cut")))
+for f in sorted(glob.glob(f"{tmp}/partials-*.parquet")):
+    bound(pl.scan_parquet(f)).group_by("key").agg(pl.len()).collect(engine="streaming")
+""",
+    ),
+]
+
+
+@dataclass
+class Measurement:
+    seconds: float
+    cpu_seconds: float
+    rss_bytes: int
+    virtual_bytes: int
+    status: int
+    message: str
+
+
+@dataclass
+class Result:
+    case: str
+    runs: list[Measurement] = field(default_factory=list)
+    utilities: list[dict[str, float]] = field(default_factory=list)
+    error: str | None = None
+    table: pl.DataFrame | None = None  # the last successful run's output
+    report: dict | None = field(default=None, repr=False)
+
+    @property
+    def seconds(self) -> float:
+        """The fastest run: the least disturbed by other work on the machine."""
+        return min(m.seconds for m in self.runs)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return min(m.cpu_seconds for m in self.runs)
+
+    @property
+    def rss_bytes(self) -> int:
+        return max(m.rss_bytes for m in self.runs)
+
+    @property
+    def virtual_bytes(self) -> int:
+        return max(m.virtual_bytes for m in self.runs)
+
+    def utility(self) -> dict[str, float]:
+        """Utility averaged over the successful runs (each private run draws fresh noise)."""
+        return {k: sum(u[k] for u in self.utilities) / len(self.utilities) for k in self.utilities[0]}
+
+
+class Watch(threading.Thread):
+    """Polls /proc/PID/status: records the peak virtual size, kills the process above max_rss_gb."""
+
+    def __init__(self, pid: int, max_rss_gb: float | None) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.max_rss = None if max_rss_gb is None else max_rss_gb * 1e9
+        self.peak_virtual = 0
+        self.killed = False
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        status = Path(f"/proc/{self.pid}/status")
+        while not self._done.wait(0.1):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except OSError:
+                return
+            if "VmPeak" in fields:
+                self.peak_virtual = max(self.peak_virtual, int(fields["VmPeak"].split()[0]) * 1024)
+            if self.max_rss and "VmRSS" in fields and int(fields["VmRSS"].split()[0]) * 1024 > self.max_rss:
+                self.killed = True
+                os.kill(self.pid, signal.SIGKILL)
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def run_measured(
+    argv: list[str], cwd: Path, limit_gb: float | None = None, max_rss_gb: float | None = None,
+    env: dict[str, str] | None = None,
+) -> Measurement:
+    """Run argv in a subprocess, optionally under an address-space limit and an RSS watchdog."""
+    limit = None if limit_gb is None else int(limit_gb * 2**30)
+
+    def set_limit() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=set_limit, env=env)
+    watch = Watch(proc.pid, max_rss_gb)
+    watch.start()
+    # stderr is small (progress lines, errors): read it to EOF, then reap the child with
+    # wait4, whose rusage is this child's alone (RUSAGE_CHILDREN would mix all cases).
+    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    watch.stop()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    clues = ("panicked", "rror", "failed", "Killed")
+    message = next((line for line in lines if any(c in line for c in clues)), lines[-1] if lines else "")
+    if watch.killed:
+        message = f"killed: RSS above {max_rss_gb:g} GB"
+    cpu = usage.ru_utime + usage.ru_stime
+    return Measurement(seconds, cpu, usage.ru_maxrss * 1024, watch.peak_virtual, proc.returncode, message[:200])
+
+
+def spec_copy(case: str, data: Path, tmp: Path) -> tuple[Path, Path, Path]:
+    """The case's spec with --data as input and its outputs in tmp: (spec, output, report)."""
+    text = (HERE / "specs" / SPECS[case]).read_text()
+    output = tmp / case / "output.parquet"
+    report = tmp / case / "report.json"
+    text, n_input = re.subn(r"(?m)^(\s+path: )\.\./data/synth_1e6\.parquet$", rf"\g<1>{json.dumps(str(data))}", text)
+    text, n_output = re.subn(r"(?m)^(\s+path: )\.\./data/out/\S+$", rf"\g<1>{json.dumps(str(output))}", text)
+    text, n_report = re.subn(r"(?m)^report: \S+$", f"report: {json.dumps(str(report))}", text)
+    if (n_input, n_output, n_report) != (1, 1, 1):
+        raise SystemExit(f"{SPECS[case]}: expected one ../data/synth_1e6.parquet input, one output, one report")
+    path = tmp / f"{case}.yaml"
+    path.write_text(text)
+    return path, output, report
+
+
+def case_argv(case: str, data: Path, tmp: Path) -> tuple[list[str], Path, Path | None]:
+    """The command of a case, its output table and its report (dprun cases only)."""
+    if case in ("a", "b"):
+        out = tmp / f"{case}.parquet"
+        code = textwrap.dedent(BASELINE_A if case == "a" else BASELINE_B)
+        return [sys.executable, "-c", code, str(data), str(out)], out, None
+    spec, out, report = spec_copy(case, data, tmp)
+    dprun = shutil.which("dprun", path=str(Path(sys.executable).parent)) or shutil.which("dprun")
+    command = [dprun] if dprun else [sys.executable, "-m", "dprun"]
+    return [*command, "run", str(spec), "--overwrite"], out, report
+
+
+def run_case(case: str, data: Path, tmp: Path, repeat: int, limit_gb: float | None, max_rss_gb: float | None,
+             exact: pl.DataFrame | None) -> Result:
+    argv, out, report_path = case_argv(case, data, tmp)
+    env = dict(os.environ, DPRUN_TMPDIR=str(tmp))
+    result = Result(case)
+    for _ in range(repeat):
+        measured = run_measured(argv, tmp, limit_gb, max_rss_gb, env)
+        result.runs.append(measured)
+        if measured.status != 0:
+            hint = f" (address space ≤ {limit_gb:g} GiB)" if limit_gb else ""
+            result.error = f"exit {measured.status}{hint}: {measured.message}"
+            return result
+        result.table = pl.read_parquet(out)
+        result.utilities.append(utility(result.table, result.table if exact is None else exact))
+        if report_path is not None:
+            result.report = json.loads(report_path.read_text())
+    return result
+
+
+def utility(released: pl.DataFrame, exact: pl.DataFrame) -> dict[str, float]:
+    """Keys released, errors on the released keys, mean relative error on the top keys."""
+    truth = exact.select("key", pl.col(COUNT_COLUMN).cast(pl.Float64).alias("exact"))
+    got = released.select("key", pl.col(COUNT_COLUMN).cast(pl.Float64).alias("got"))
+    error = (pl.col("got") - pl.col("exact")).abs()
+    on_released = got.join(truth, on="key", how="left").with_columns(pl.col("exact").fill_null(0.0))
+    top = truth.sort("exact", descending=True).head(TOP_KEYS)
+    top = top.join(got, on="key", how="left").with_columns(pl.col("got").fill_null(0.0))
+    return {
+        "keys": released.height,
+        "mae": on_released.select(error.mean()).item() or 0.0,
+        "mre": on_released.filter(pl.col("exact") > 0).select((error / pl.col("exact")).mean()).item() or 0.0,
+        "top_mre": top.select((error / pl.col("exact")).mean()).item(),
+    }
+
+
+def sum_mean_errors(released: pl.DataFrame, data: Path) -> list[str]:
+    """c3's sum and mean: mean relative error on the top keys, against the exact values with
+    and without clamping to the spec's bounds (the gap between the two is clamping bias)."""
+    low, high = VALUE_BOUNDS
+    value, clamped = pl.col("value"), pl.col("value").clip(low, high)
+    truth = (
+        pl.scan_parquet(data)
+        .group_by("key")
+        .agg(pl.len().alias("n"), value.sum().alias("sum"), value.mean().alias("mean"),
+             clamped.sum().alias("sum_clamped"), clamped.mean().alias("mean_clamped"))
+        .collect(engine="streaming")
+    )
+    top = truth.sort("n", descending=True).head(TOP_KEYS).join(released, on="key", how="left")
+    lines = []
+    for metric, exact in (("value_sum", "sum"), ("value_mean", "mean")):
+        errors = []
+        for column in (exact, f"{exact}_clamped"):
+            rel = (pl.col(metric).fill_null(0.0) - pl.col(column)).abs() / pl.col(column)
+            errors.append(top.select(rel.mean()).item())
+        lines.append(f"c3 {metric}: MRE top{TOP_KEYS} {errors[0]:.2%} vs exact values, "
+                     f"{errors[1]:.2%} vs values clamped to [{low:g}, {high:g}]")
+    return lines
+
+
+def plan_summary(report: dict) -> str:
+    query = report["queries"][0]
+    part = query["partitions"]
+    noises = ", ".join(f"{q['id']} {q['noise']} σ={q['std']:.4g}" for q in query["quantities"])
+    return (
+        f"{report['accounting']} accounting; {part['selection']} selection (ε={part['epsilon']:.4g}; "
+        f"50%/95% keep at {part['units_for_50pct_keep']}/{part['units_for_95pct_keep']} users); {noises}"
+    )
+
+
+def gb(n: int | None) -> str:
+    return "–" if not n else f"{n / 1e9:.2f}"
+
+
+def print_table(results: dict[str, Result]) -> None:
+    base = results["a"].seconds
+    bounded = results["b"].seconds if "b" in results and results["b"].error is None else None
+    top = f"MRE top{TOP_KEYS}"
+    header = (f"{'case':<4} {'what':<43} {'wall s':>7} {'×(a)':>6} {'×(b)':>5} {'CPU s':>6} {'RSS GB':>6} {'VM GB':>6} "
+              f"{'keys':>9} {'MAE':>7} {'MRE':>7} {top:>12}")
+    print(header)
+    print("-" * len(header))
+    for case, r in results.items():
+        ratio_a = f"{r.seconds / base:.2f}" if case != "a" else ""
+        ratio_b = f"{r.seconds / bounded:.2f}" if bounded and case.startswith("c") else ""
+        timing = (f"{case:<4} {DESCRIPTIONS[case]:<43} {r.seconds:>7.1f} {ratio_a:>6} {ratio_b:>5} {r.cpu_seconds:>6.1f} "
+                  f"{gb(r.rss_bytes):>6} {gb(r.virtual_bytes):>6}")
+        if r.error is not None:
+            print(f"{timing}  FAILED {r.error}")
+            continue
+        u = r.utility()
+        print(f"{timing} {u['keys']:>9,.0f} {u['mae']:>7.2f} {u['mre']:>7.2%} {u['top_mre']:>12.2%}")
+
+
+def run_phases(data: Path, tmp: Path) -> None:
+    folder = tmp / "phases"
+    folder.mkdir(exist_ok=True)
+    print("\nPolars steps of dprun's engine for a per-key count, one subprocess each "
+          "(dprun also runs the L0 step a second time, on the selected keys):")
+    print(f"{'step':<42} {'wall s':>7} {'CPU s':>7} {'RSS GB':>7}")
+    for name, body in PHASES:
+        code = f"import os, polars as pl\ndata, tmp = {str(data)!r}, {str(folder)!r}\n" + textwrap.dedent(body)
+        m = run_measured([sys.executable, "-c", code], tmp)
+        note = "" if m.status == 0 else f"  FAILED: {m.message}"
+        print(f"{name:<42} {m.seconds:>7.1f} {m.cpu_seconds:>7.1f} {gb(m.rss_bytes):>7}{note}", flush=True)
+
+
+def parse_limits(parser: argparse.ArgumentParser, items: list[str], option: str, limits: dict) -> dict:
+    """CASE=GB items; GB = 0 removes a default limit."""
+    limits = dict(limits)
+    for item in items:
+        case, _, value = item.partition("=")
+        try:
+            amount = float(value)
+        except ValueError:
+            amount = -1.0
+        if case not in ALL_CASES or amount < 0:
+            parser.error(f"{option} {item}: expected CASE=GB with CASE in {','.join(ALL_CASES)}")
+        limits[case] = amount or None
+    return limits
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Parquet input (default: %(default)s)")
+    parser.add_argument("--cases", default=",".join(ALL_CASES), help="comma-separated subset of a,b,c1,c2,c3 (a always runs)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case; wall time is the fastest (default 1)")
+    parser.add_argument("--limit", action="append", default=[], metavar="CASE=GB",
+                        help="run CASE under an address-space limit (RLIMIT_AS) of GB GiB")
+    parser.add_argument("--max-rss", action="append", default=[], metavar="CASE=GB",
+                        help="kill CASE when its RSS passes GB (default b=15; b=0 for no limit)")
+    parser.add_argument("--phases", action="store_true", help="also time dprun's Polars steps one by one")
+    parser.add_argument("--keep", type=Path, help="write the temporary specs and outputs here and keep them")
+    args = parser.parse_args()
+    cases = {c.strip() for c in args.cases.split(",") if c.strip()}
+    if cases - set(ALL_CASES):
+        parser.error(f"unknown cases: {', '.join(sorted(cases - set(ALL_CASES)))}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    args.cases = [c for c in ALL_CASES if c == "a" or c in cases]
+    args.limit = parse_limits(parser, args.limit, "--limit", {})
+    args.max_rss = parse_limits(parser, args.max_rss, "--max-rss", DEFAULT_MAX_RSS)
+    args.data = args.data.resolve()
+    if not args.data.is_file():
+        parser.error(f"{args.data} does not exist (see generate_synthetic.py)")
+    return args
+
+
+def run_all(args: argparse.Namespace, tmp: Path) -> None:
+    rows = pl.scan_parquet(args.data).select(pl.len()).collect().item()
+    print(f"data: {args.data} — {rows:,} rows, {args.data.stat().st_size / 2**20:,.1f} MiB Parquet, "
+          f"{rows * BYTES_PER_ROW / 1e9:.2f} GB in memory ({BYTES_PER_ROW} B/row); "
+          f"{os.cpu_count()} cores, polars {pl.__version__}; load average {os.getloadavg()[0]:.2f}")
+    results: dict[str, Result] = {}
+    for case in args.cases:
+        limit, max_rss = args.limit.get(case), args.max_rss.get(case)
+        repeat = max(args.repeat, BASELINE_RUNS) if case == "a" else args.repeat
+        guards = [f"address space ≤ {limit:g} GiB" if limit else "", f"RSS ≤ {max_rss:g} GB" if max_rss else ""]
+        guard = ", ".join(g for g in guards if g)
+        print(f"running {case}: {DESCRIPTIONS[case]}, {repeat}×" + (f" ({guard})" if guard else ""), flush=True)
+        exact = results["a"].table if "a" in results else None
+        results[case] = run_case(case, args.data, tmp, repeat, limit, max_rss, exact)
+        if case == "a" and results[case].error is not None:
+            raise SystemExit(f"case a failed: {results[case].error}")
+    print(f"load average after the runs: {os.getloadavg()[0]:.2f}\n")
+    print_table(results)
+    print()
+    for case, r in results.items():
+        if r.report is not None:
+            print(f"{case}: {plan_summary(r.report)}")
+    if "c3" in results and results["c3"].table is not None:
+        for line in sum_mean_errors(results["c3"].table, args.data):
+            print(line)
+    if args.phases:
+        run_phases(args.data, tmp)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        run_all(args, args.keep.resolve())
+        return
+    with tempfile.TemporaryDirectory(prefix="bench_run-") as tmp:
+        run_all(args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
