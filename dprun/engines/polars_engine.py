@@ -43,7 +43,6 @@ from dprun.spec.input_schema import InputInfo, scan
 GLOBAL_KEY = "__dprun_partition__"
 UNITS = "__dprun_units__"
 HASH = "__dprun_hash__"
-CUTOFF = "__dprun_cutoff__"
 SHARD = "__dprun_shard__"
 LEAF = "__dprun_leaf__"
 PRESENT = "__dprun_present__"
@@ -287,18 +286,16 @@ def _cross_partition_bound(partials: pl.LazyFrame, plan: QueryPlan, keys: list[s
     Which partitions a unit keeps depends only on its own rows and the run's secret key,
     so the L0 bound holds exactly whatever the hash; the key only makes the choice
     unpredictable and fresh per run (Polars' hash takes one 64-bit key). Only units with
-    more than L0 partitions need a cut-off, and they are few, so only they are ranked.
+    more than L0 partitions need ranking, and they are few, so only they are ranked.
     """
     units = list(plan.privacy_unit)
     hashed = partials.with_columns(pl.struct([*units, *keys]).hash(seed).alias(HASH))
     over_limit = hashed.group_by(units).agg(pl.len().alias(UNITS)).filter(pl.col(UNITS) > plan.max_partitions)
-    cutoffs = (
-        hashed.join(over_limit, on=units, how="semi", nulls_equal=True)
-        .group_by(units)
-        .agg(pl.col(HASH).bottom_k(plan.max_partitions).max().alias(CUTOFF))
-    )
-    kept = hashed.join(cutoffs, on=units, how="left", nulls_equal=True)
-    return kept.filter(pl.col(CUTOFF).is_null() | (pl.col(HASH) <= pl.col(CUTOFF))).drop(HASH, CUTOFF)
+    within = hashed.join(over_limit, on=units, how="anti", nulls_equal=True)
+    # An ordinal rank keeps exactly L0 even if two of a unit's partitions hashed alike.
+    rank = pl.col(HASH).rank(method="ordinal").over(units)
+    cut = hashed.join(over_limit, on=units, how="semi", nulls_equal=True).filter(rank <= plan.max_partitions)
+    return pl.concat([within, cut]).drop(HASH)
 
 
 def _partition_sums(
