@@ -77,7 +77,11 @@ def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], fi
     if isinstance(node, CommentedMap):
         result: dict[str, Any] = {}
         for key in node:
-            line, column = node.lc.key(key)
+            try:
+                line, column = node.lc.key(key)
+            except KeyError:
+                # A key brought in by a merge (`<<: *anchor`) has no mark of its own here.
+                line, column = node.lc.line, node.lc.col
             child_path = (*path, str(key))
             marks[child_path] = (line + 1, column + 1)
             if not isinstance(key, str):

@@ -40,3 +40,11 @@ def test_a_filter_with_a_subquery_is_refused_without_touching_the_file(tmp_path:
     assert "sub-queries (SELECT) are not allowed" in str(caught.value)
     assert "top-secret-line" not in str(caught.value)
     assert ":8:" in str(caught.value)
+
+
+def test_yaml_merge_keys_load_like_plain_keys(tmp_path: Path) -> None:
+    from dprun.spec.yaml_loader import parse_text
+
+    data, marks = parse_text("base: &b {epsilon: 1.0}\nbudget:\n  <<: *b\n  delta: 0.1\n", "m.yaml")
+    assert data["budget"] == {"delta": 0.1, "epsilon": 1.0}
+    assert marks[("budget", "epsilon")][0] in (1, 3)
