@@ -98,7 +98,9 @@ def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budg
 
 def print_summary(report: dict[str, Any], console: Console) -> None:
     table = Table(title="released", title_justify="left")
-    for column in ("query", "partitions released", "ε", "δ", "output"):
+    # Per query the standalone guarantees add up (basic composition); under pld the total below is tighter.
+    epsilon = "ε (sum)" if report["accounting"] == "pld" else "ε"
+    for column in ("query", "partitions released", epsilon, "δ", "output"):
         table.add_column(column)
     for query in report["queries"]:
         eps = sum(m["epsilon"] for m in query["quantities"]) + query["partitions"]["epsilon"]
