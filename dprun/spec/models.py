@@ -24,6 +24,7 @@ KINDS_WITH_VALUES: frozenset[str] = frozenset(
     {"sum", "mean", "variance", "stddev", "quantile", "median", "min", "max"}
 )
 
+BOUND_LIMIT = 1e200
 PositiveWeight = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Scalar = str | int | float | bool
 
@@ -104,6 +105,9 @@ class Metric(Strict):
             raise ValueError("bounds must be finite numbers")
         if not lower < upper:
             raise ValueError(f"lower bound {lower} must be smaller than upper bound {upper}")
+        # Fixed-point units are powers of two of the bounds' size; keep them inside float64's range.
+        if max(abs(lower), abs(upper)) > BOUND_LIMIT or upper - lower < 1 / BOUND_LIMIT:
+            raise ValueError(f"bounds must lie within ±{BOUND_LIMIT:g} and be at least {1 / BOUND_LIMIT:g} apart")
         return value
 
     @field_validator("q")
