@@ -3,7 +3,9 @@
 Every file is first written to a hidden temporary file beside its target; only
 when all of them are written are they renamed into place (a rename within one
 directory is atomic on POSIX). Any failure, SIGINT or SIGTERM before that point
-removes the temporary files and leaves existing outputs untouched.
+removes the temporary files and leaves existing outputs untouched; a failed rename
+while moving files into place puts the previous files back. (A crash of the machine
+in the middle of the renames can still leave some files new and some old.)
 """
 
 from __future__ import annotations
@@ -39,12 +41,32 @@ class Staging:
             raise OutputError(f"cannot write {target}: {reason}") from None
 
     def commit(self) -> None:
-        for temporary, target in self._pending:
-            try:
+        """Move every file into place; if one move fails, put back what was moved and the old files."""
+        moved: list[tuple[Path, Path | None]] = []
+        try:
+            for temporary, target in self._pending:
+                backup = None
+                if target.exists():
+                    backup = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.old")
+                    os.replace(target, backup)
+                moved.append((target, backup))
                 os.replace(temporary, target)
-            except OSError as exc:
-                raise OutputError(f"cannot move {target} into place: {exc.strerror or type(exc).__name__}") from None
+        except OSError as exc:
+            self._roll_back(moved)
+            raise OutputError(f"cannot move outputs into place: {exc.strerror or type(exc).__name__}; "
+                              "the previous files were restored") from None
+        for _, backup in moved:
+            if backup is not None:
+                backup.unlink(missing_ok=True)
         self._pending.clear()
+
+    @staticmethod
+    def _roll_back(moved: list[tuple[Path, Path | None]]) -> None:
+        for target, backup in reversed(moved):
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink(missing_ok=True)
 
     def discard(self) -> None:
         for temporary, _ in self._pending:

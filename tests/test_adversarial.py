@@ -433,11 +433,7 @@ CASES: list[Any] = [
     pytest.param(disk_full("csv output"), id="disk full writing a csv output"),
     pytest.param(disk_full("parquet output"), id="disk full writing a parquet output"),
     pytest.param(disk_full("scratch"), id="disk full writing intermediate files"),
-    pytest.param(disk_full_while_moving_outputs_into_place, id="disk full while moving outputs into place",
-                 marks=xfail(
-        "publish.Staging.commit renames outputs one by one: when the second os.replace fails, the first output "
-        "has already replaced the old one, so a failed run (exit 6) leaves a half-new release (new q.parquet, "
-        "old report.json), breaking 'all or nothing'")),
+    pytest.param(disk_full_while_moving_outputs_into_place, id="disk full while moving outputs into place"),
     pytest.param(public_key_of_another_type, id="public key that does not fit the column type"),
     pytest.param(overwrites_a_file_it_reads("report is the input"), id="report path is the input path"),
     pytest.param(overwrites_a_file_it_reads("markdown report is the input"), id="markdown report path is the input"),
