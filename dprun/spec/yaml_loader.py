@@ -79,9 +79,9 @@ def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], fi
         for key in node:
             try:
                 line, column = node.lc.key(key)
-            except KeyError:
+            except (KeyError, TypeError):
                 # A key brought in by a merge (`<<: *anchor`) has no mark of its own here.
-                line, column = node.lc.line, node.lc.col
+                line, column = node.lc.line or 0, node.lc.col or 0
             child_path = (*path, str(key))
             marks[child_path] = (line + 1, column + 1)
             if not isinstance(key, str):

@@ -48,3 +48,10 @@ def test_yaml_merge_keys_load_like_plain_keys(tmp_path: Path) -> None:
     data, marks = parse_text("base: &b {epsilon: 1.0}\nbudget:\n  <<: *b\n  delta: 0.1\n", "m.yaml")
     assert data["budget"] == {"delta": 0.1, "epsilon": 1.0}
     assert marks[("budget", "epsilon")][0] in (1, 3)
+
+
+def test_a_mapping_made_only_of_a_merge_loads(tmp_path: Path) -> None:
+    from dprun.spec.yaml_loader import parse_text
+
+    data, _ = parse_text("base: &b {epsilon: 1.0}\nbudget:\n  <<: *b\n", "m.yaml")
+    assert data["budget"] == {"epsilon": 1.0}
