@@ -30,15 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner, Result
 
-from dprun import cli as dprun_cli
 from dprun import publish
+from dprun_testing import fresh_seed, invoke
 
 SECRET_ID = "SECRET-ID-9e1f"
 SECRET_VALUE = 987654.321
@@ -50,26 +48,6 @@ OUTPUTS = ("out/q.parquet", "out/report.json", "out/report.md")
 
 
 # --- running the CLI ------------------------------------------------------------------------
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    """`dprun ARGS` in-process through the entry point; pytest's signal handlers are restored."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(7), "big")
 
 
 # --- data and specs -------------------------------------------------------------------------

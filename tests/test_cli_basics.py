@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from dprun import cli as dprun_cli
+from dprun_testing import invoke
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "specs").glob("*.yaml"))
 COMMANDS = ("validate", "explain-budget", "run", "schema")
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    """`dprun ARGS` in-process through the script's entry point, `dprun.cli.main`."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def test_help_lists_the_commands() -> None:

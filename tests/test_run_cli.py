@@ -11,46 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import signal
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from dprun import api
-from dprun import cli as dprun_cli
+from dprun_testing import everything, fresh_seed, invoke
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    """`dprun ARGS` in-process through the entry point, which maps errors to exit codes."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(7), "big")
-
-
-def everything(result: Result) -> str:
-    return result.stdout + result.stderr
 
 
 def no_traceback(result: Result, seed: int | None = None) -> None:

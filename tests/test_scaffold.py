@@ -11,46 +11,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 from pathlib import Path
 
-import click
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
 
 from dprun import api
-from dprun import cli as dprun_cli
 from dprun.scaffold import PLACEHOLDER, placeholder_lines
+from dprun_testing import invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
 PLANTED_TEXT = "ZEBRA-SECRET-7731"
 PLANTED_NUMBER = "918273.645"
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DPRUN_LEDGER", raising=False)
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        result = CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    text = result.stdout + result.stderr
-    assert "Traceback" not in text, text
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
+pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
 
 
 def frame(seed: int, rows: int = 3000, names: tuple[str, str, str, str] = ("user_id", "shop", "spend", "day")
@@ -84,7 +59,7 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     frame(seed).write_csv(tmp_path / "visits.csv")
     monkeypatch.chdir(tmp_path)
 
-    printed = invoke("init", "visits.csv")
+    printed = invoke_clean("init", "visits.csv")
     assert printed.exit_code == 0, printed.output
     text = printed.stdout
     no_values(text + printed.stderr)
@@ -95,7 +70,7 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
-    refused = invoke("validate", "spec.yaml")
+    refused = invoke_clean("validate", "spec.yaml")
     assert refused.exit_code == 1, refused.output
     no_values(refused.output)
     errors = refused.stderr.strip().splitlines()
@@ -105,18 +80,18 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
         assert error.startswith(f"error: spec.yaml:{line}:"), error
         assert "placeholder" in error and "dprun init" in error and "domain knowledge" in error, error
     assert "privacy_unit" in errors[0] and "max_partitions_contributed" in errors[1] and "bounds" in errors[3]
-    as_json = json.loads(invoke("validate", "spec.yaml", "--format", "json").stdout)
+    as_json = json.loads(invoke_clean("validate", "spec.yaml", "--format", "json").stdout)
     assert as_json["ok"] is False and all("placeholder" in p["message"] for p in as_json["problems"])
 
     spec.write_text(fill(text, "user_id", ["0", "50"]))
-    validated = invoke("validate", "spec.yaml")
+    validated = invoke_clean("validate", "spec.yaml")
     assert validated.exit_code == 0, validated.output
-    ran = invoke("run", "spec.yaml", "--seed", str(seed))
+    ran = invoke_clean("run", "spec.yaml", "--seed", str(seed))
     assert ran.exit_code == 0, ran.output
     released = pl.read_parquet(tmp_path / "out" / "visits.parquet")
     assert released.columns == ["rows", "people", "spend_sum"] and released.height == 1
     assert len(api.read_ledger(tmp_path / "dprun-ledger.jsonl")) == 1  # the scaffold names a ledger
-    assert invoke("run", "spec.yaml", "--seed", str(seed)).exit_code == 5
+    assert invoke_clean("run", "spec.yaml", "--seed", str(seed)).exit_code == 5
 
 
 def test_init_partially_filled_still_names_the_rest(tmp_path: Path) -> None:
@@ -125,7 +100,7 @@ def test_init_partially_filled_still_names_the_rest(tmp_path: Path) -> None:
     text = api.scaffold(tmp_path / "visits.csv", spec)
     spec.write_text(text.replace(f"privacy_unit: {PLACEHOLDER}", "privacy_unit: user_id")
                     .replace(f"[{PLACEHOLDER}, {PLACEHOLDER}]", "[0, 50]"))
-    result = invoke("validate", str(spec))
+    result = invoke_clean("validate", str(spec))
     assert result.exit_code == 1
     errors = result.stderr.strip().splitlines()
     assert len(errors) == 2 and all("contribution_bounds" in e and "placeholder" in e for e in errors), errors
@@ -144,7 +119,7 @@ def test_init_reads_only_the_parquet_footer(tmp_path: Path) -> None:
         pl.read_parquet(data)
 
     (tmp_path / "specs").mkdir()
-    result = invoke("init", str(data), "-o", str(tmp_path / "specs" / "visits.yaml"))
+    result = invoke_clean("init", str(data), "-o", str(tmp_path / "specs" / "visits.yaml"))
     assert result.exit_code == 0, result.output
     assert "wrote" in result.stderr and "5 FILL_IN" in result.stderr, result.stderr
     text = (tmp_path / "specs" / "visits.yaml").read_text()
@@ -159,9 +134,9 @@ def test_init_parquet_scaffold_runs_once_filled(tmp_path: Path) -> None:
     frame(seed).write_parquet(data)
     spec = tmp_path / "specs" / "visits.yaml"
     spec.parent.mkdir()
-    assert invoke("init", str(data), "--output", str(spec)).exit_code == 0
+    assert invoke_clean("init", str(data), "--output", str(spec)).exit_code == 0
     spec.write_text(fill(spec.read_text(), "user_id", ["0", "50"]))
-    result = invoke("run", str(spec), "--seed", str(seed))
+    result = invoke_clean("run", str(spec), "--seed", str(seed))
     assert result.exit_code == 0, result.output
     no_values(result.output)
     assert pl.read_parquet(tmp_path / "specs" / "out" / "visits.parquet").height == 1
@@ -172,27 +147,27 @@ def test_init_ndjson_and_awkward_column_names(tmp_path: Path) -> None:
     data = tmp_path / "events.jsonl"
     frame(3, rows=500, names=names).write_ndjson(data)
     spec = tmp_path / "events.yaml"
-    assert invoke("init", str(data), "-o", str(spec)).exit_code == 0
+    assert invoke_clean("init", str(data), "-o", str(spec)).exit_code == 0
     text = spec.read_text()
     no_values(text)
     assert "format: ndjson" in text and '"spend: eur"' in text
     assert "spend_eur_sum" in text
     spec.write_text(fill(text, "person #1", ["0", "50"]))
-    result = invoke("validate", str(spec))
+    result = invoke_clean("validate", str(spec))
     assert result.exit_code == 0, result.output
 
 
 def test_init_refuses_to_overwrite_and_unknown_formats(tmp_path: Path) -> None:
     frame(4, rows=100).write_csv(tmp_path / "visits.txt")
-    unknown = invoke("init", str(tmp_path / "visits.txt"))
+    unknown = invoke_clean("init", str(tmp_path / "visits.txt"))
     assert unknown.exit_code == 1 and "--format" in unknown.stderr, unknown.output
     spec = tmp_path / "spec.yaml"
     spec.write_text("mine\n")
-    assert invoke("init", str(tmp_path / "visits.txt"), "--format", "csv", "-o", str(spec)).exit_code == 6
+    assert invoke_clean("init", str(tmp_path / "visits.txt"), "--format", "csv", "-o", str(spec)).exit_code == 6
     assert spec.read_text() == "mine\n"
-    forced = invoke("init", str(tmp_path / "visits.txt"), "--format", "csv", "-o", str(spec), "--force")
+    forced = invoke_clean("init", str(tmp_path / "visits.txt"), "--format", "csv", "-o", str(spec), "--force")
     assert forced.exit_code == 0 and "format: csv" in spec.read_text()
-    missing = invoke("init", str(tmp_path / "nope.csv"))
+    missing = invoke_clean("init", str(tmp_path / "nope.csv"))
     assert missing.exit_code == 1 and "not found" in missing.stderr
 
 
@@ -202,5 +177,5 @@ def test_init_without_numeric_columns(tmp_path: Path) -> None:
     assert "kind: sum" not in text
     spec = tmp_path / "c.yaml"
     spec.write_text(fill(text, "uid", []))
-    assert invoke("validate", str(spec)).exit_code == 0
+    assert invoke_clean("validate", str(spec)).exit_code == 0
     assert re.search(r"# group_by: \[\"colour\"\]", text)

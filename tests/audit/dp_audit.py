@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from dprun.engines import polars_engine
 from dprun.mechanisms.noise import NoisePlan, add_noise, to_grid
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
+import dprun_testing
 
 # The error budget of one ε estimate (all its Clopper–Pearson intervals together). A test file
 # makes at most a few dozen estimates and binomial checks, so it fails by chance well below 1e-6.
@@ -45,7 +45,7 @@ ALPHA = 1e-9
 
 
 def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(8), "big")
+    return dprun_testing.fresh_seed(8)
 
 
 # --- Clopper–Pearson ------------------------------------------------------------------------

@@ -22,24 +22,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import signal
 from pathlib import Path
 
-import click
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
 from scipy import stats
 
 import dp_audit
 from dp_audit import ALPHA, cp_lower, cp_upper
 from dprun import api
-from dprun import cli as dprun_cli
 from dprun.engines import polars_engine
 from dprun.mechanisms import selection
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
+from dprun_testing import invoke
 
 MECHANISMS = ["truncated_geometric", "laplace_threshold", "gaussian_threshold", "released_count"]
 DELTA = 0.05
@@ -184,21 +181,6 @@ def test_a_partition_with_many_units_is_almost_always_kept(tmp_path: Path, mecha
 
 
 # --- end to end through the CLI ------------------------------------------------------------------
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 UNITS, PER_UNIT, ROWS, L0 = 2000, 50, 3, 4

@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from scipy import stats
 
 from dprun import api
-from dprun import cli as dprun_cli
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.selection import keep_probability
 from dprun.plan import QueryPlan
+from dprun_testing import fresh_seed, invoke
 
 P_FAIL = 1e-7  # per statistical assertion
 Z = 5.5  # two-sided normal tail ≈ 3.8e-8
@@ -44,26 +41,6 @@ Z_UPPER_LAPLACE = 7.5
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    """`dprun ARGS` in-process through the entry point, which maps errors to exit codes."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(7), "big")
 
 
 def run_ok(spec: Path, seed: int) -> Result:

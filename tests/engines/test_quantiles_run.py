@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import click
 import numpy as np
 import polars as pl
 import pytest
 import json
-from click.testing import CliRunner
 
-from dprun.cli import main
+from dprun_testing import fresh_seed, invoke
 
 QUANTILE_METRICS = [
     {"name": "visits", "kind": "count"},
@@ -21,15 +18,6 @@ QUANTILE_METRICS = [
     {"name": "v", "kind": "quantile", "q": [0.1, 0.9], "column": "value", "bounds": [0, 100]},
     {"name": "high", "kind": "max", "column": "value", "bounds": [0, 100]},
 ]
-
-
-# `dprun.cli.main` maps errors to exit codes; wrapped as a command so CliRunner can drive it.
-DPRUN = click.Command("dprun", callback=lambda args: main(list(args)), params=[click.Argument(["args"], nargs=-1)],
-                      context_settings={"ignore_unknown_options": True})
-
-
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(4), "big")
 
 
 def data(seed: int, partitions: int, units: int) -> pl.DataFrame:
@@ -53,14 +41,14 @@ def run(tmp_path: Path, seed: int, partitions: dict | None, metrics: list[dict])
             "inputs": {"rows": {"path": "rows.parquet"}}, "queries": [query], "report": "out/report.json"}
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps(spec))
-    outcome = CliRunner().invoke(DPRUN, ["run", str(path), "--seed", str(seed)])
+    outcome = invoke("run", str(path), "--seed", str(seed))
     assert outcome.exit_code == 0, f"seed={seed}: {outcome.output}"
     return pl.read_parquet(tmp_path / "out" / "q.parquet")
 
 
 @pytest.mark.parametrize("mode", ["public", "private"])
 def test_quantiles_with_other_metrics_are_ordered_and_near_the_truth(tmp_path: Path, mode: str) -> None:
-    seed = fresh_seed()
+    seed = fresh_seed(4)
     data(seed, 20, 2_000).write_parquet(tmp_path / "rows.parquet")
     partitions = {"public": [f"s{i:03d}" for i in range(22)]} if mode == "public" else {"selection": "auto"}
     out = run(tmp_path, seed, partitions, QUANTILE_METRICS)

@@ -12,20 +12,17 @@ from __future__ import annotations
 import io
 import json
 import math
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
-from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from dprun import cli as dprun_cli
 from dprun.spec.yaml_loader import parse_text
+from dprun_testing import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "specs" / "restaurants_public.yaml"
@@ -37,25 +34,14 @@ FUZZ = settings(
 )
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str, debug: bool = False) -> Result:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        env = {"DPRUN_DEBUG": "1" if debug else None}
-        return CliRunner().invoke(_dprun, list(args), env=env)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+# `validate` runs with DPRUN_DEBUG unset; a failure is shown again with it set, which lets the exception through.
+NO_DEBUG = {"DPRUN_DEBUG": None}
+DEBUG = {"DPRUN_DEBUG": "1"}
 
 
 def assert_handled(spec: Path) -> None:
     for fmt in ("text", "json"):
-        result = invoke("validate", str(spec), "--format", fmt)
+        result = invoke("validate", str(spec), "--format", fmt, env=NO_DEBUG)
         failed = (
             result.exit_code not in (0, 1)
             or "Traceback (most recent call last)" in result.output
@@ -63,7 +49,7 @@ def assert_handled(spec: Path) -> None:
         )
         if failed:
             # Show the bug: run again with DPRUN_DEBUG=1, which lets the exception through.
-            debug = invoke("validate", str(spec), "--format", fmt, debug=True)
+            debug = invoke("validate", str(spec), "--format", fmt, env=DEBUG)
             raise AssertionError(
                 f"exit {result.exit_code}, exception {result.exception!r}\n--- spec:\n{spec.read_text(errors='replace')}"
                 f"\n--- output:\n{result.output}\n--- with DPRUN_DEBUG=1: {debug.exception!r}"
@@ -190,7 +176,7 @@ def test_the_unmutated_example_is_valid() -> None:
                            ("spec.json", _json_text(example_document(), 2))):
             spec = Path(folder) / name
             spec.write_text(text)
-            result = invoke("validate", str(spec))
+            result = invoke("validate", str(spec), env=NO_DEBUG)
             assert result.exit_code == 0, result.output
 
 

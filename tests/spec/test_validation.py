@@ -16,38 +16,18 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
 
-from dprun import cli as dprun_cli
 from dprun.errors import Problem, SpecError
 from dprun.spec import load_spec, validate_spec
 from dprun.spec.yaml_loader import parse_text
-
+from dprun_testing import invoke
 
 # --------------------------------------------------------------------------- helpers
-
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def _dprun(args: tuple[str, ...]) -> None:
-    dprun_cli.main(list(args))
-
-
-def invoke(*args: str) -> Result:
-    """Run `dprun ARGS` in-process, as the console script does; keep pytest's signal handlers."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return CliRunner().invoke(_dprun, list(args))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
 
 TEXT_PROBLEM = re.compile(r"^error: (?P<file>.+?):(?P<line>\d+):(?P<col>\d+):(?: (?P<field>[^ :]+):)? (?P<msg>.*)$")
 

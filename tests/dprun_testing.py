@@ -1,0 +1,64 @@
+"""Helpers shared by the test files: running `dprun` in-process and drawing seeds.
+
+Importable as `dprun_testing` because pyproject's `[tool.pytest.ini_options]` puts `tests` on
+`pythonpath`; the test folders have no `__init__.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from dprun import cli as dprun_cli
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def _dprun(args: tuple[str, ...]) -> None:
+    dprun_cli.main(list(args))
+
+
+def invoke(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
+    """`dprun ARGS` in-process through the script's entry point, `dprun.cli.main`, which maps
+    errors to exit codes; pytest's SIGINT/SIGTERM handlers are restored afterwards.
+
+    `env` overrides environment variables for the call (a value of None unsets the variable)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return CliRunner().invoke(_dprun, list(args), env=env)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def invoke_clean(*args: str) -> Result:
+    """`invoke`, and assert that the run printed no traceback and raised nothing but SystemExit."""
+    result = invoke(*args)
+    text = everything(result)
+    assert "Traceback" not in text, text
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def everything(result: Result) -> str:
+    """Everything the run printed: stdout then stderr."""
+    return result.stdout + result.stderr
+
+
+def fresh_seed(nbytes: int = 7) -> int:
+    """A new random seed of `nbytes` bytes (tests print it in their failure messages)."""
+    return int.from_bytes(os.urandom(nbytes), "big")
+
+
+@pytest.fixture
+def no_ambient_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep a ledger or CI step summary configured in the caller's environment out of the tests.
+
+    Use with `pytestmark = pytest.mark.usefixtures("no_ambient_ledger")` after importing it."""
+    monkeypatch.delenv("DPRUN_LEDGER", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
