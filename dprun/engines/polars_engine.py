@@ -50,7 +50,7 @@ WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
 STREAMING = "streaming"
 # Input bytes per shard of units: Parquet expands several-fold in memory, CSV/NDJSON much less.
-SHARD_BYTES = 128 * 2**20
+SHARD_BYTES = 32 * 2**20
 TEXT_BYTES_FACTOR = 4
 SHARD_SEED_MASK = 0x5DEECE66D
 
