@@ -35,8 +35,8 @@ import polars as pl
 
 from dprun import ledger as ledger_mod
 from dprun import scaffold as scaffold_mod
-from dprun.engines import polars_engine
-from dprun.errors import DataError, SpecError
+from dprun.engines import polars_engine, spark_engine
+from dprun.errors import DataError, DprunError, SpecError
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import Plan, QueryPlan
 from dprun.planner import make_plan
@@ -46,6 +46,7 @@ from dprun.report import input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
 
 Progress = Callable[[str], None]
+ENGINES = ("polars", "spark")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def run(
     progress: Progress | None = None,
     ledger: str | Path | None = None,
     new_release: bool = False,
+    engine: str = "polars",
+    spark_options: dict[str, Any] | None = None,
 ) -> RunResult:
     """Execute a spec and publish every output and the report, or nothing.
 
@@ -92,7 +95,14 @@ def run(
     appended after the outputs are committed. A re-release of the same spec on the same
     data raises `AlreadyReleased` unless `new_release`; a spend past `budget.lifetime`
     raises `BudgetRefused`. A failed run appends nothing.
+
+    `engine="spark"` runs the same plan on Spark (docs/scale.md); `spark_options` holds
+    `master` (default local[*]) or `remote` (a Spark Connect sc:// URL) and `conf` (a
+    mapping or key=value strings), passed to `dprun.engines.spark_engine.spark_session`.
+    Outputs are still written by this process, to local paths.
     """
+    if engine not in ENGINES:
+        raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
     validated = validate(spec_path)
     the_plan = plan(validated)
     ledger_path = ledger_mod.resolve_path(validated.loaded, ledger)
@@ -110,6 +120,7 @@ def run(
         elif progress is not None:
             progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
         refuse_existing(targets)
+        spark = _spark(spark_options, progress) if engine == "spark" else None
         source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
         started = _now()
         tables: dict[str, pl.DataFrame] = {}
@@ -120,7 +131,10 @@ def run(
                     progress(f"running query {query.name}")
                 workdir = Path(scratch) / str(index)
                 workdir.mkdir()
-                tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
+                if spark is not None:
+                    tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source, spark)
+                else:
+                    tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
         released = {name: table.height for name, table in tables.items()}
         outputs = {q.name: q.output_path for q in the_plan.queries}
         report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)
@@ -224,6 +238,14 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:
+    """A Spark session from `spark_options` (pyspark is imported only now: it is optional)."""
+    options = dict(options or {})
+    if progress is not None:
+        progress(f"starting Spark ({spark_engine.describe(options.get('master'), options.get('remote'))})")
+    return spark_engine.spark_session(options.get("master"), options.get("remote"), options.get("conf"))
 
 
 def _table_writer(table: pl.DataFrame, query: QueryPlan) -> Callable[[Path], None]:

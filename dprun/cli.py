@@ -92,12 +92,20 @@ def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
 @ledger_option
 @click.option("--new-release", is_flag=True,
               help="Release again although the ledger holds this spec on this data: spends the budget again.")
-def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | None, new_release: bool) -> None:
+@click.option("--engine", type=click.Choice(["polars", "spark"]), default="polars", show_default=True,
+              help="Where the plan runs: Polars on this machine, or Spark (docs/scale.md).")
+@click.option("--spark-master", default=None, help="Spark master URL for --engine spark  [default: local[*]]")
+@click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="Spark configuration for --engine spark; repeatable.")
+def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | None, new_release: bool,
+        engine: str, spark_master: str | None, spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
     """Execute the spec and publish the DP outputs and the report (all or nothing).
 
     With a ledger, a re-run of the same spec on the same data is refused (exit 5) and a
     spend past the lifetime budget is refused (exit 4), before any data row is read.
     """
+    spark_options = _spark_options(engine, spark_master, spark_remote, spark_conf)
     console = _console()
     plain = fmt == "json" or not sys.stdout.isatty() or bool(os.environ.get("CI"))
 
@@ -108,11 +116,11 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
     try:
         if plain:
             result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
-                             new_release=new_release)
+                             new_release=new_release, engine=engine, spark_options=spark_options)
         else:
             with console.status("running the plan"):
                 result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
-                                 new_release=new_release)
+                                 new_release=new_release, engine=engine, spark_options=spark_options)
     except DprunError as error:
         _step_summary(f"## dprun run {spec}: not released (exit {int(error.exit_code)})\n\n"
                       + "".join(f"> {problem}\n" for problem in error.problems()) + "\n")
@@ -125,6 +133,20 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
         console.print(f"report: {result.report_path}", markup=False)
         console.print(ledger_line, markup=False)
     _step_summary(explanation_markdown(result.report, "DP release") + f"\n{ledger_line}\n\n")
+
+
+def _spark_options(engine: str, master: str | None, remote: str | None,
+                   conf: tuple[str, ...]) -> dict[str, Any] | None:
+    if engine != "spark":
+        if master is not None or remote is not None or conf:
+            raise click.UsageError("--spark-master, --spark-remote and --conf need --engine spark")
+        return None
+    if master is not None and remote is not None:
+        raise click.UsageError("give --spark-master or --spark-remote, not both")
+    for item in conf:
+        if "=" not in item or not item.partition("=")[0].strip():
+            raise click.UsageError(f"--conf takes KEY=VALUE, got '{item}'")
+    return {"master": master, "remote": remote, "conf": list(conf)}
 
 
 def _ledger_line(status: ledger_mod.Status | None) -> str:

@@ -1,0 +1,713 @@
+"""Execute a plan on Apache Spark: the Polars engine's steps, distributed (docs/scale.md).
+
+The steps, their column semantics and their integer arithmetic are those of
+`dprun.engines.polars_engine`, step for step:
+
+1. scan, filter, keep the needed columns, drop rows whose privacy unit is null; public
+   partitions: drop rows of unlisted keys first; NaN values count as missing;
+2. per (unit, partition): partial integer sums in fixed-point units (clip, centre, square,
+   scale by 2**-unit_exponent, round half to even, clip, cast), scaled by min(n, m) / n with
+   exact floor division on decimal(38, 0);
+3. cross-partition bounding: each unit keeps the L0 partitions with the smallest keyed hash
+   of (unit, partition) (`xxhash64` with the run's secret 64-bit key as its first input),
+   ties broken by the partition keys, via a window `row_number()` per unit;
+4. private partitions: the per-partition unit counts are collected to the driver, sorted by
+   keys and passed to `dprun.mechanisms.selection.select_partitions`, exactly as the Polars
+   engine does; then Plume's second bounding (step 3 on the selected partitions only);
+5. per-partition exact integer sums are collected to the driver, sorted by keys, and noised
+   by `dprun.mechanisms.noise.add_noise`; metrics by `dprun.postprocess.metric_columns`;
+   quantiles by `dprun.mechanisms.quantile_tree.answer_quantiles` from per-(partition, leaf)
+   weights summed on the executors.
+
+Executors only ever compute deterministic functions of the input rows and the run's hash
+key: integer sums (exact, so independent of order and partitioning) and a keyed-hash
+choice with a total order. A retried or speculative task, a recomputed stage or a lost
+cache block therefore reproduces exactly the same rows and sums. Every random draw
+(selection, noise) happens on the driver, from the run's `RandomSource`, on a table
+collected once (`.toArrow()`/`.collect()` is called once per table and its result kept).
+No Spark task can draw noise, so no recomputation can publish a second noisy copy.
+
+Spark Connect: only the DataFrame API is used (no RDDs, no UDFs, no SparkContext), so
+`spark_session(remote="sc://...")` works as well as a classic session.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from decimal import Decimal
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from dprun.engines.polars_engine import (
+    GLOBAL_KEY,
+    LEAF,
+    PARTITION,
+    UNITS,
+    WEIGHT,
+    _public_keys,
+    _released_count_keep,
+    _shape,
+    _with_all_keys,
+)
+from dprun.errors import DataError, DprunError, ExitCode
+from dprun.mechanisms import selection
+from dprun.mechanisms.noise import add_noise
+from dprun.mechanisms.quantile_tree import WEIGHT_BITS, answer_quantiles
+from dprun.mechanisms.quantities import Quantity
+from dprun.mechanisms.sampling import RandomSource
+from dprun.plan import NoisyQuantity, QueryPlan
+from dprun.postprocess import metric_columns
+from dprun.spec.input_schema import InputInfo
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+INSTALL_HINT = "install dprun[spark]; Spark needs Java 17+"
+MIN_JAVA = 17
+DEFAULT_MASTER = "local[*]"
+# SQL settings dprun relies on, also applied to a session that already exists; a `--conf` of the same key wins.
+SQL_DEFAULTS = {
+    "spark.sql.caseSensitive": "true",  # column names are case-sensitive, as in Polars and the spec
+    "spark.sql.session.timeZone": "UTC",
+    # Let adaptive execution coalesce the shuffle of the cached partials (200 tiny partitions
+    # otherwise): 5x faster bounding on the Plume benchmark in local mode.
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+}
+# Settings for a session dprun starts. Spark's log messages quote data values (e.g. a value
+# that does not parse), and a classic session logs to this process's stderr, which may end up
+# in a CI log: Spark's logging is off unless `--conf spark.log.level=WARN` asks for it.
+STARTUP_DEFAULTS = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.log.level": "OFF",
+}
+HASH = "__dprun_hash__"
+RANK = "__dprun_rank__"
+COUNT = "__dprun_count__"
+PRESENT = "__dprun_present__"
+RIGHT = "__dprun_right_{}__"
+EXACT = "decimal(38,0)"  # exact integers up to about 2**126 (the Polars engine uses Int128)
+
+
+class SparkUnavailable(DprunError):
+    """pyspark or Java is missing, or no Spark session could be started."""
+
+    exit_code = ExitCode.USAGE_OR_INTERNAL
+
+
+# --- session ----------------------------------------------------------------------------
+
+
+def spark_session(
+    master: str | None = None, remote: str | None = None, conf: Mapping[str, str] | Iterable[str] | None = None
+) -> SparkSession:
+    """A Spark session for `--engine spark`: classic (`master`, default local[*]) or Spark Connect (`remote`).
+
+    Under spark-submit, the master and configuration given to spark-submit apply unless
+    `master` is given.
+
+    `conf` is passed through to the builder (`key=value` strings or a mapping). Sets
+    PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON to this interpreter unless they are set
+    already, so Python workers (dprun starts none itself) use the same environment.
+    If a session is active in this process, it is reused (its master is not changed).
+    """
+    if master is not None and remote is not None:
+        raise SparkUnavailable("give either a Spark master or a Spark Connect URL (--spark-remote), not both")
+    # A Spark Connect server is already running: only session (SQL) settings can be set from here.
+    startup = STARTUP_DEFAULTS if remote is None else {}
+    settings = {**startup, **SQL_DEFAULTS, **_conf_dict(conf)}
+    try:
+        import pyspark  # noqa: F401
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SparkUnavailable(f"the Spark engine needs pyspark: {INSTALL_HINT}") from None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if remote is not None:
+        if not remote.startswith("sc://"):
+            raise SparkUnavailable(f"a Spark Connect URL starts with sc://, got '{remote}'")
+        builder = SparkSession.builder.remote(remote)
+    elif master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Started by spark-submit, whose JVM is running: its --master and --conf apply.
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # connect to spark-submit's JVM, so SparkConf reads its settings
+        submitted = dict(SparkConf().getAll())
+        explicit = _conf_dict(conf)
+        settings = {k: v for k, v in settings.items() if k in explicit or k not in submitted}
+        if "spark.log.level" in submitted and "spark.log.level" not in settings:
+            settings["spark.log.level"] = submitted["spark.log.level"]
+        builder = SparkSession.builder
+    else:
+        _require_java()
+        builder = SparkSession.builder.master(master or DEFAULT_MASTER)
+    builder = builder.appName("dprun")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+    except ImportError as exc:
+        # Spark Connect's client needs extra packages (pandas, grpcio, ...).
+        raise SparkUnavailable(
+            f"the Spark Connect client is not installed ({exc}): pip install 'pyspark[connect]'; {INSTALL_HINT}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the JVM or the server failed to start: report its kind
+        raise SparkUnavailable(f"could not start a Spark session ({type(exc).__name__}: {_first_line(exc)}); "
+                               f"{INSTALL_HINT}") from None
+    if settings.get("spark.log.level", "OFF").upper() == "OFF":
+        _quiet_python_loggers()
+    for key in SQL_DEFAULTS:
+        # getOrCreate on an existing session applies builder settings; make sure of the ones dprun needs.
+        if key in settings:
+            with suppress(Exception):  # a conf locked by a shared server keeps its value
+                session.conf.set(key, settings[key])
+    return session
+
+
+def _quiet_python_loggers() -> None:
+    """pyspark (4+) logs a failed query's message, which can quote a data value, to stderr."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # pragma: no cover - pyspark < 4 has no such loggers
+        return
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
+
+
+def describe(master: str | None, remote: str | None) -> str:
+    """Where `spark_session(master, remote)` runs, for progress messages."""
+    if remote is not None:
+        return remote
+    if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return "spark-submit's master"
+    return master or DEFAULT_MASTER
+
+
+def _conf_dict(conf: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]:
+    if conf is None:
+        return {}
+    if isinstance(conf, Mapping):
+        return {str(k): str(v) for k, v in conf.items()}
+    out = {}
+    for item in conf:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise SparkUnavailable(f"--conf takes key=value, got '{item}'")
+        out[key.strip()] = value
+    return out
+
+
+def _require_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise SparkUnavailable(f"the Spark engine needs Java, and none was found (JAVA_HOME or PATH): {INSTALL_HINT}")
+    try:
+        shown = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        raise SparkUnavailable(f"cannot run '{java} -version': {INSTALL_HINT}") from None
+    version = java_major_version(shown.stderr + shown.stdout)
+    if version is None or version < MIN_JAVA:
+        found = "an unknown Java version" if version is None else f"Java {version}"
+        raise SparkUnavailable(f"found {found} at {java}: {INSTALL_HINT}")
+
+
+def java_major_version(text: str) -> int | None:
+    """17 from 'openjdk version "17.0.15"', 8 from 'java version "1.8.0_392"'."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+# --- the query --------------------------------------------------------------------------
+
+
+def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession) -> pl.DataFrame:
+    """The DP output of one query: one row per released partition, keys then metrics.
+
+    The same table, for the same random source and data, as `polars_engine.run_query`
+    whenever every unit stays within L0 partitions (the engines' keyed hashes differ, so
+    which L0 partitions a heavier unit keeps differs; both choices are uniform).
+    """
+    keys = list(plan.group_by) or [GLOBAL_KEY]
+    seed = source.hash_seeds()[0]
+    with _spark_errors():
+        rows = _rows(spark, plan, info, keys)
+        partials = _partials(rows, plan, keys).persist(_storage_level())
+        try:
+            sums, bounded = _bounded_sums(spark, plan, info, partials, keys, seed, source)
+            # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
+            sums = sums.sort(keys, nulls_last=True)
+            noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
+                     for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+            answers = {q.quantity.id: _quantiles(q, plan, rows, bounded, sums.select(keys), keys, source)
+                       for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
+        finally:
+            partials.unpersist()
+    released = np.ones(sums.height, dtype=bool)
+    if plan.selection.mode == "private" and plan.selection.mechanism == "released_count":
+        released = _released_count_keep(plan, sums, noisy)
+    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(
+        pl.Series(released, dtype=pl.Boolean))
+    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+
+
+def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession) -> pl.DataFrame:
+    """The bounded, selected, exact per-partition sums `run_query` adds noise to, sorted by keys.
+
+    NOT private: for tests and debugging only (they show that the bounded aggregates are a
+    deterministic function of the data, the run's hash key and the selection draws).
+    Columns: partition keys, UNITS, then one Int128 column per non-quantile quantity id.
+    """
+    keys = list(plan.group_by) or [GLOBAL_KEY]
+    seed = source.hash_seeds()[0]
+    with _spark_errors():
+        partials = _partials(_rows(spark, plan, info, keys), plan, keys)
+        sums, _ = _bounded_sums(spark, plan, info, partials, keys, seed, source)
+    return sums.sort(keys, nulls_last=True)
+
+
+def _bounded_sums(
+    spark: SparkSession, plan: QueryPlan, info: InputInfo, partials: DataFrame, keys: list[str], seed: int,
+    source: RandomSource,
+) -> tuple[pl.DataFrame, DataFrame]:
+    """Steps 3–5 up to the exact sums: (sums on the driver, the bounded partials they came from)."""
+    key_schema = _key_schema(plan, info, keys)
+    bounded = _cross_partition_bound(partials, plan, keys, seed)
+    mode = plan.selection.mode
+    if mode == "private" and plan.selection.mechanism != "released_count":
+        # col : (partition keys, privacy units after the first bounding), collected once
+        counts = bounded.groupBy(*_cols(keys)).agg(F().count(F().lit(1)).alias(UNITS))
+        unit_counts = _collect(counts, {**key_schema, UNITS: pl.Int64})
+        # Sorted so that random draws are assigned in the same order as in the Polars engine.
+        unit_counts = unit_counts.sort(keys, nulls_last=True)
+        keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
+        chosen = unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+        chosen_frame = _to_spark(spark, chosen)
+        if plan.selection.second_bounding:
+            bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
+        else:
+            bounded = _semi(bounded, chosen_frame, keys)
+        sums = _with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
+    elif mode == "private":
+        sums = _partition_sums(bounded, plan, keys, key_schema)
+    else:
+        sums = _with_all_keys(_partition_sums(bounded, plan, keys, key_schema), _public_keys(plan, keys), plan)
+    return sums, bounded
+
+
+# --- executors: scan, bounding, aggregation ---------------------------------------------
+
+
+def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]) -> DataFrame:
+    f = F()
+    columns = {*plan.privacy_unit, *plan.group_by}
+    columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
+    frame = _scan(spark, info)
+    if plan.filter is not None:
+        frame = frame.filter(f.expr(plan.filter))
+    frame = frame.select(*_cols(sorted(columns)))
+    frame = frame.filter(reduce(lambda a, b: a & b, [_col(c).isNotNull() for c in plan.privacy_unit]))
+    if not plan.group_by:
+        frame = frame.withColumn(GLOBAL_KEY, f.lit(0).cast("byte"))
+    if plan.selection.mode == "public":
+        frame = _semi(frame, _to_spark(spark, plan.public_keys), keys)
+    value_columns = sorted({q.quantity.column for q in plan.quantities if q.quantity.column is not None})
+    # NaN is treated as a missing value: one NaN must never turn a released number into NaN.
+    for c in value_columns:
+        value = _col(c).cast("double")
+        frame = frame.withColumn(c, f.when(f.isnan(value), f.lit(None).cast("double")).otherwise(value))
+    return frame
+
+
+def _units(quantity: Quantity, c: str) -> Column:
+    """A row's value in integer units of the quantity: clamped, centred, rounded (half to even), clipped."""
+    f = F()
+    assert quantity.lower is not None and quantity.upper is not None
+    value = _col(c)
+    clamped = f.least(f.greatest(value, f.lit(float(quantity.lower))), f.lit(float(quantity.upper)))
+    centred = clamped - f.lit(float(quantity.center))
+    if quantity.aggregate == "centered_sumsq":
+        centred = centred * centred
+    scaled = f.bround(centred * f.lit(math.ldexp(1.0, -quantity.unit_exponent)), 0)
+    low = 0 if quantity.aggregate == "centered_sumsq" else -quantity.max_units
+    clipped = f.least(f.greatest(scaled, f.lit(float(low))), f.lit(float(quantity.max_units))).cast("long")
+    # greatest/least skip nulls in Spark; a missing value must stay missing (Polars' clip keeps null).
+    return f.when(value.isNull(), f.lit(None).cast("long")).otherwise(clipped)
+
+
+def _quantity_column(position: int) -> str:
+    # Quantity ids contain '.', '[' and spaces; Spark columns get plain names.
+    return f"__dprun_q{position}__"
+
+
+def _partials(rows: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
+    """One row per (unit, partition): each quantity's partial, bounded to max_rows rows' worth."""
+    f = F()
+    m = f.lit(plan.max_rows).cast("long")
+    aggregations = []
+    for position, noisy in enumerate(plan.quantities):
+        q = noisy.quantity
+        if q.aggregate in ("privacy_units", "quantile_tree"):
+            continue
+        present = f.count(_col(q.column)) if q.column is not None else f.count(f.lit(1))
+        kept = f.least(present, m)
+        name = _quantity_column(position)
+        if q.aggregate == "rows":
+            aggregations.append(kept.cast("long").alias(name))
+            continue
+        assert q.column is not None
+        total = f.sum(_units(q, q.column).cast(EXACT))
+        # floor(total · kept / present) stays within ±kept · max_units, so L∞ = m · max_units holds.
+        scaled = _floor_div(total * kept.cast(EXACT), present.cast(EXACT))
+        aggregations.append(f.when(present > 0, scaled).otherwise(f.lit(0).cast(EXACT)).cast(EXACT).alias(name))
+    if not aggregations:
+        aggregations.append(f.count(f.lit(1)).alias(UNITS))
+    # One shuffle by unit serves both this group-by and the per-unit window of the cross-partition
+    # bounding (the cached partials keep the partitioning): 4x faster on the Plume benchmark than
+    # a shuffle for each. Hash partitioning is deterministic, so a retried task gets the same rows.
+    by_unit = rows.repartition(*_cols(plan.privacy_unit))
+    return by_unit.groupBy(*_cols([*plan.privacy_unit, *keys])).agg(*aggregations)
+
+
+def _floor_div(numerator: Column, denominator: Column) -> Column:
+    """floor(a / b) for exact integers a and b > 0 (Polars' `//`; Spark's `div` truncates toward 0)."""
+    f = F()
+    exact = numerator - f.pmod(numerator, denominator)
+    return (exact.cast(EXACT) / denominator).cast(EXACT)
+
+
+def _keyed_hash(seed: int, columns: list[str]) -> Column:
+    """xxhash64 of (secret, columns): the run's 64-bit secret is hashed first, so every later
+    input is mixed into a state that depends on it. Null keys are hashed as flags (Spark's
+    hash skips nulls), so (a, null) and (null, a) differ."""
+    f = F()
+    signed = seed - (1 << 64) if seed >= 1 << 63 else seed
+    flags = [_col(c).isNull() for c in columns]
+    return f.xxhash64(f.lit(signed).cast("long"), *_cols(columns), *flags)
+
+
+def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
+    """Keep, for each unit, the L0 partitions with the smallest keyed hash of (unit, partition).
+
+    Which partitions a unit keeps depends only on its own rows and the run's secret key:
+    the order (hash, then keys) is total, so the choice is the same in every task attempt
+    and for every partitioning of the data. Spark sorts each unit's rows in the window and
+    spills to disk when a unit has many partitions.
+    """
+    from pyspark.sql import Window
+
+    f = F()
+    units = list(plan.privacy_unit)
+    window = Window.partitionBy(*_cols(units)).orderBy(f.col(HASH), *[_col(k).asc_nulls_first() for k in keys])
+    ranked = partials.withColumn(HASH, _keyed_hash(seed, [*units, *keys])).withColumn(RANK, f.row_number().over(window))
+    return ranked.filter(f.col(RANK) <= plan.max_partitions).drop(HASH, RANK)
+
+
+def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]) -> pl.DataFrame:
+    """col : (partition keys, units, exact Int128 sum per quantity), collected once to the driver."""
+    f = F()
+    aggregations = [f.count(f.lit(1)).alias(UNITS)]
+    schema: dict[str, Any] = {**key_schema, UNITS: pl.Int64}
+    names = {}
+    for position, noisy in enumerate(plan.quantities):
+        q = noisy.quantity
+        if q.aggregate == "quantile_tree":
+            continue
+        name = _quantity_column(position)
+        names[name] = q.id
+        column = f.count(f.lit(1)) if q.aggregate == "privacy_units" else f.sum(f.col(name).cast(EXACT))
+        aggregations.append(column.cast(EXACT).alias(name))
+        schema[name] = pl.Int128
+    sums = _collect(bounded.groupBy(*_cols(keys)).agg(*aggregations), schema)
+    return sums.rename(names)
+
+
+def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> DataFrame:
+    """col : (unit, partition keys, leaf, weight): a unit's values in a partition weigh min(n, m)/n each."""
+    from pyspark.sql import Window
+
+    f = F()
+    shape = _shape(quantity)
+    assert quantity.column is not None
+    pair = [*plan.privacy_unit, *keys]
+    value = _col(quantity.column)
+    # TreeShape.leaf_expr, operation for operation (float64 clip, shift, scale, floor, clip).
+    scaled = (f.least(f.greatest(value, f.lit(float(shape.lower))), f.lit(float(shape.upper)))
+              - f.lit(float(shape.lower))) * f.lit(float(shape._scale))
+    leaf = f.least(f.greatest(f.floor(scaled).cast("long"), f.lit(0).cast("long")),
+                   f.lit(shape.leaves - 1).cast("long"))
+    leaves = rows.select(*_cols(pair), f.when(value.isNull(), f.lit(None).cast("long")).otherwise(leaf).alias(LEAF))
+    per_leaf = leaves.filter(f.col(LEAF).isNotNull()).groupBy(*_cols(pair), f.col(LEAF)).agg(
+        f.count(f.lit(1)).alias(COUNT))
+    present = f.sum(f.col(COUNT)).over(Window.partitionBy(*_cols(pair)))
+    # quantile_tree.unit_weight_expr: floor(min(n, m)·2**W / n); n > 0 here, so `div` is floor.
+    weight = (f.least(f.col(PRESENT), f.lit(plan.max_rows).cast("long"))
+              * f.lit(1 << WEIGHT_BITS).cast("long")).cast("long")
+    with_present = per_leaf.withColumn(PRESENT, present.cast("long"))
+    unit_weight = _int_div(weight, f.col(PRESENT))
+    return with_present.select(*_cols(pair), f.col(LEAF), (f.col(COUNT) * unit_weight).cast("long").alias(WEIGHT))
+
+
+def _int_div(numerator: Column, denominator: Column) -> Column:
+    """Integral division of longs (exact; for non-negative operands it is floor)."""
+    f = F()
+    return ((numerator - f.pmod(numerator, denominator)).cast(EXACT) / denominator.cast(EXACT)).cast("long")
+
+
+def _quantiles(
+    noisy: NoisyQuantity, plan: QueryPlan, rows: DataFrame, bounded: DataFrame, partitions: pl.DataFrame,
+    keys: list[str], source: RandomSource,
+) -> dict[float, np.ndarray]:
+    """Every level asked of one quantile tree, answered from one noisy tree per partition (on the driver)."""
+    f = F()
+    quantity = noisy.quantity
+    pair = [*plan.privacy_unit, *keys]
+    # col : (partition keys, leaf, weight) of the (unit, partition) pairs that survived bounding
+    weights = _semi(_tree_weights(rows, quantity, plan, keys), bounded.select(*_cols(pair)), pair)
+    per_leaf = weights.groupBy(*_cols(keys), f.col(LEAF)).agg(f.sum(f.col(WEIGHT).cast(EXACT)).cast(EXACT).alias(WEIGHT))
+    key_schema = dict(partitions.schema)
+    leaf_weights = _collect(per_leaf, {**key_schema, LEAF: pl.Int64, WEIGHT: pl.Int128})
+    indexed = partitions.with_row_index(PARTITION).with_columns(pl.col(PARTITION).cast(pl.Int64))
+    table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
+        pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
+    levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
+    answers = answer_quantiles(table, partitions.height, _shape(quantity), levels, noisy.noise, source)
+    return {level: answers[:, index] for index, level in enumerate(levels)}
+
+
+# --- reading and moving data ------------------------------------------------------------
+
+
+def _scan(spark: SparkSession, info: InputInfo) -> DataFrame:
+    """The input with the schema fixed at validation time (CSV/NDJSON: the one Polars inferred)."""
+    paths = [str(p) for p in info.paths]
+    if info.format == "parquet":
+        return spark.read.parquet(*paths)
+    if info.format == "csv":
+        # Floats are read as text and cast: Spark's CSV parser rejects "inf", which Polars reads.
+        floats = {name for name, dtype in info.schema.items() if dtype in (pl.Float32, pl.Float64)}
+        text = {name: (pl.String if name in floats else dtype) for name, dtype in info.schema.items()}
+        frame = (spark.read.schema(_spark_schema(text)).option("header", True).option("mode", "FAILFAST")
+                 .option("escape", '"').option("enforceSchema", False).csv(paths))
+        for name in floats:
+            kind = "float" if info.schema[name] == pl.Float32 else "double"
+            frame = frame.withColumn(name, _col(name).cast(kind))
+        return frame.select(*[_col(name).alias(name) for name in info.schema])
+    return spark.read.schema(_spark_schema(info.schema)).option("mode", "FAILFAST").json(paths)
+
+
+def _spark_type(dtype: Any) -> Any:
+    from pyspark.sql import types as T
+
+    simple = {
+        pl.Boolean: T.BooleanType(), pl.Int8: T.ByteType(), pl.Int16: T.ShortType(), pl.Int32: T.IntegerType(),
+        pl.Int64: T.LongType(), pl.UInt8: T.ShortType(), pl.UInt16: T.IntegerType(), pl.UInt32: T.LongType(),
+        pl.UInt64: T.DecimalType(20, 0), pl.Int128: T.DecimalType(38, 0), pl.Float32: T.FloatType(),
+        pl.Float64: T.DoubleType(), pl.String: T.StringType(), pl.Categorical: T.StringType(),
+        pl.Date: T.DateType(), pl.Null: T.StringType(),
+    }
+    for polars_type, spark_type in simple.items():
+        if dtype == polars_type:
+            return spark_type
+    if isinstance(dtype, pl.Enum):
+        return T.StringType()
+    if isinstance(dtype, pl.Datetime):
+        return T.TimestampNTZType() if dtype.time_zone is None else T.TimestampType()
+    if isinstance(dtype, pl.Decimal) and dtype.precision is not None and dtype.precision <= 38:
+        return T.DecimalType(dtype.precision, dtype.scale or 0)
+    raise DataError(f"the Spark engine does not support columns of type {dtype}")
+
+
+def _spark_schema(schema: Mapping[str, Any]) -> Any:
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(name, _spark_type(dtype), True) for name, dtype in schema.items()])
+
+
+def _to_spark(spark: SparkSession, frame: pl.DataFrame) -> DataFrame:
+    """A small driver-side table (partition keys) as a Spark DataFrame, typed like the input."""
+    schema = _spark_schema(frame.schema)
+    portable = frame.with_columns(_portable(pl.col(name), dtype) for name, dtype in frame.schema.items())
+    try:
+        return spark.createDataFrame(portable.to_arrow(), schema=schema)
+    except (TypeError, ValueError):  # pyspark < 4 takes no Arrow table
+        rows = [tuple(Decimal(v) if isinstance(v, int) and isinstance(field.dataType, _decimal_type()) else v
+                      for v, field in zip(row, schema.fields, strict=True)) for row in portable.rows()]
+        return spark.createDataFrame(rows, schema=schema)
+
+
+def _decimal_type() -> type:
+    from pyspark.sql import types as T
+
+    return T.DecimalType
+
+
+def _portable(column: pl.Expr, dtype: Any) -> pl.Expr:
+    """Polars types Arrow hands to Spark as the Spark type `_spark_type` names."""
+    widen = {pl.UInt8: pl.Int16, pl.UInt16: pl.Int32, pl.UInt32: pl.Int64, pl.UInt64: pl.Decimal(20, 0),
+             pl.Int128: pl.Decimal(38, 0), pl.Categorical: pl.String, pl.Null: pl.String}
+    for polars_type, target in widen.items():
+        if dtype == polars_type:
+            return column.cast(target)
+    if isinstance(dtype, pl.Enum):
+        return column.cast(pl.String)
+    return column
+
+
+def _collect(frame: DataFrame, schema: Mapping[str, Any]) -> pl.DataFrame:
+    """Run `frame` and bring it to the driver ONCE, as Polars columns of the given types."""
+    if hasattr(frame, "toArrow"):
+        collected = pl.from_arrow(frame.toArrow())
+        assert isinstance(collected, pl.DataFrame)
+    else:  # pyspark < 4
+        rows = frame.collect()
+        collected = pl.DataFrame(
+            {name: [int(r[i]) if isinstance(r[i], Decimal) else r[i] for r in rows] for i, name in enumerate(frame.columns)},
+            schema={name: _python_dtype(dtype) for name, dtype in schema.items()}, strict=False,
+        )
+    return collected.select(_cast(collected, name, dtype) for name, dtype in schema.items())
+
+
+def _python_dtype(dtype: Any) -> Any:
+    return pl.Int128 if dtype == pl.Int128 else dtype
+
+
+def _cast(frame: pl.DataFrame, name: str, dtype: Any) -> pl.Expr:
+    column = pl.col(name)
+    current = frame.schema[name]
+    if isinstance(dtype, pl.Datetime) and isinstance(current, pl.Datetime):
+        if current.time_zone is not None:
+            # Spark's instants come back in the session time zone (UTC); Polars' naive times are UTC wall time.
+            column = column.dt.convert_time_zone(dtype.time_zone or "UTC")
+            if dtype.time_zone is None:
+                column = column.dt.replace_time_zone(None)
+        return column.cast(dtype).alias(name)
+    return column.cast(dtype, strict=True).alias(name)
+
+
+def _semi(frame: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
+    """Rows of `frame` whose keys occur in `right` (null equals null, as Polars' nulls_equal)."""
+    f = F()
+    renamed = right.select(*[_col(k).alias(RIGHT.format(i)) for i, k in enumerate(keys)])
+    condition = reduce(lambda a, b: a & b, [_col(k).eqNullSafe(f.col(RIGHT.format(i))) for i, k in enumerate(keys)])
+    return frame.join(renamed, on=condition, how="left_semi")
+
+
+def _key_schema(plan: QueryPlan, info: InputInfo, keys: list[str]) -> dict[str, Any]:
+    """Polars types of the partition keys as the Polars engine has them (value columns become Float64)."""
+    if not plan.group_by:
+        return {GLOBAL_KEY: pl.Int8}
+    values = {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
+    return {k: pl.Float64 if k in values else info.schema[k] for k in keys}
+
+
+def _storage_level() -> Any:
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK
+
+
+def _col(name: str) -> Column:
+    """A column by its exact name (dots, spaces and backticks are not parsed)."""
+    return F().col("`" + name.replace("`", "``") + "`")
+
+
+def _cols(names: Iterable[str]) -> list[Column]:
+    return [_col(n) for n in names]
+
+
+def F() -> Any:
+    """pyspark.sql.functions, imported when the engine runs (pyspark is optional)."""
+    from pyspark.sql import functions
+
+    return functions
+
+
+@contextmanager
+def _spark_errors() -> Iterator[None]:
+    """Spark's failures become DataError.
+
+    Spark's messages can quote data values, so only the exception's kind and Spark's error
+    condition (an identifier such as CAST_INVALID_INPUT) are passed on.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        if isinstance(exc, ImportError):
+            raise SparkUnavailable(f"a package Spark needs is missing ({type(exc).__name__}): {INSTALL_HINT}") from None
+        condition = _condition(exc)
+        kind = type(exc).__name__ + (f": {condition}" if condition else "")
+        raise DataError(f"Spark could not run the query ({kind}); check the input files, the filter and "
+                        "the column types. Spark's log (--conf spark.log.level=WARN) has the details; it can "
+                        "quote data values") from None
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    try:
+        from pyspark.errors import PySparkException
+    except ImportError:  # pragma: no cover - pyspark < 3.4
+        pass
+    else:
+        if isinstance(exc, PySparkException):
+            return True
+    try:
+        from py4j.protocol import Py4JError
+    except ImportError:
+        return False
+    return isinstance(exc, Py4JError)
+
+
+def _condition(exc: BaseException) -> str | None:
+    """Spark's error condition, e.g. FAILED_READ_FILE.FILE_NOT_EXIST: a name, never a data value.
+
+    Looked up on the Python exception, else down the Java cause chain (py4j), where the
+    innermost condition is the most specific.
+    """
+    found = _call_condition(exc)
+    if found:
+        return found
+    java = getattr(exc, "java_exception", None)
+    for _ in range(8):
+        if java is None:
+            break
+        found = _call_condition(java) or found
+        try:
+            java = java.getCause()
+        except Exception:  # noqa: BLE001 - py4j failed: keep what was found
+            break
+    return found
+
+
+def _call_condition(error: Any) -> str | None:
+    for method in ("getCondition", "getErrorClass"):
+        try:
+            value = getattr(error, method)()
+        except Exception:  # noqa: BLE001, S112 - not a Spark exception with this method
+            continue
+        if value:
+            return _identifier(value)
+    return None
+
+
+def _identifier(value: Any) -> str | None:
+    text = str(value)
+    return text if re.fullmatch(r"[A-Z0-9_.]{1,120}", text) else None

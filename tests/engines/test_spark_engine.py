@@ -1,0 +1,450 @@
+"""The Spark engine runs the Polars engine's plan step for step (dprun.engines.spark_engine).
+
+(a) Parity: with a test seed and every unit within its L0 partitions, `engine="spark"` and
+    the Polars engine release identical tables (same rows, same types, same float bits), for
+    every example spec in specs/ (on in-bounds data with the sample data's schema) and for
+    generated specs covering CSV/NDJSON/Parquet inputs, null/NaN/infinite values, rows above
+    m per partition (the min(n, m)/n scaling, negative centred sums), every selection
+    mechanism, second bounding on and off, and quantiles.
+(b) Heavy units (more partitions than L0): both engines agree with the truth within the
+    noise, and release exactly the listed public partitions.
+(c) Determinism of bounding: the bounded pre-noise aggregates and the kept (unit, partition)
+    pairs are identical across runs with the same seed, across shuffle partitionings and
+    input splits, and across a forced task retry.
+
+One SparkSession (local[2], at most 2 attempts per task) for the whole module. Skipped when
+pyspark or Java 17+ is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip install 'dprun[spark]'")
+
+from dprun import api
+from dprun.engines import spark_engine
+from dprun.errors import DataError
+from dprun.mechanisms.sampling import RandomSource
+
+try:
+    spark_engine._require_java()
+except spark_engine.SparkUnavailable as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(f"the Spark engine needs Java 17+: {exc.message}", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 20261122
+SHUFFLE_PARTITIONS = "3"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    session = spark_engine.spark_session("local[2,2]", conf={
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": SHUFFLE_PARTITIONS,
+        "spark.default.parallelism": "2",
+        "spark.driver.memory": "1g",
+        # Tiny data: adaptive execution's extra stage-by-stage jobs only add latency here.
+        "spark.sql.adaptive.enabled": "false",
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DPRUN_LEDGER", raising=False)
+
+
+def run_both(spec: Path, spark: Any, seed: int = SEED) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
+    """The tables of `spec` from the Polars engine and from the Spark engine, same test seed."""
+    polars_tables = api.run(spec, seed=seed, overwrite=True).tables
+    spark_tables = api.run(spec, seed=seed, overwrite=True, engine="spark",
+                           spark_options={"master": "local[2,2]"}).tables
+    return polars_tables, spark_tables
+
+
+def assert_identical(expected: dict[str, pl.DataFrame], actual: dict[str, pl.DataFrame]) -> None:
+    assert expected.keys() == actual.keys()
+    for name, a in expected.items():
+        b = actual[name]
+        assert a.schema == b.schema, f"{name}: {a.schema} != {b.schema}"
+        assert a.height == b.height, f"{name}: {a.height} != {b.height} rows"
+        assert a.equals(b), f"{name}:\npolars\n{a}\nspark\n{b}"
+
+
+# --- (a) parity ---------------------------------------------------------------------------
+
+
+def in_bounds_visits(rng: np.random.Generator, visitors: int = 10000) -> pl.DataFrame:
+    """Visits with the sample data's schema, within every example spec's bounds.
+
+    Each visitor goes to one restaurant (r01..r14, r14 not in the public list; r01..r04 get
+    70% of the visitors, so that private selection keeps some partitions and drops others),
+    once or twice, on different days of one week (so different weekdays). Spends include
+    nulls and values outside the bounds (clipping is part of the compared arithmetic).
+    """
+    popularity = np.r_[np.full(4, 0.7 / 4), np.full(10, 0.3 / 10)]
+    rows: dict[str, list[Any]] = {k: [] for k in ("visitor_id", "restaurant_id", "day", "weekday", "spend_eur")}
+    weekdays = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"]
+    for v in range(visitors):
+        restaurant = f"r{rng.choice(14, p=popularity) + 1:02d}"
+        week = int(rng.integers(0, 4))
+        for offset in rng.choice(7, size=int(rng.integers(1, 3)), replace=False):
+            day = 1 + 7 * week + int(offset)
+            rows["visitor_id"].append(f"v{v:06d}")
+            rows["restaurant_id"].append(restaurant)
+            rows["day"].append(f"2026-10-{day:02d}")
+            rows["weekday"].append(weekdays[(day - 1) % 7])
+            spend = round(float(rng.gamma(4.0, 7.0)), 2) if rng.random() > 0.03 else None
+            rows["spend_eur"].append(spend)
+    frame = pl.DataFrame(rows, schema={"visitor_id": pl.String, "restaurant_id": pl.String, "day": pl.String,
+                                       "weekday": pl.String, "spend_eur": pl.Float64})
+    return frame.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**31)))
+
+
+@pytest.fixture(scope="module")
+def example_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """specs/ and an in-bounds sample_data/ side by side, so the specs' relative paths hold."""
+    root = tmp_path_factory.mktemp("examples")
+    shutil.copytree(ROOT / "specs", root / "specs")
+    (root / "sample_data").mkdir()
+    shutil.copy(ROOT / "sample_data" / "restaurants.csv", root / "sample_data" / "restaurants.csv")
+    visits = in_bounds_visits(np.random.default_rng(SEED))
+    visits.write_csv(root / "sample_data" / "visits.csv")
+    visits.write_parquet(root / "sample_data" / "visits.parquet")
+    return root
+
+
+@pytest.mark.parametrize("spec_name", sorted(p.name for p in (ROOT / "specs").glob("*.yaml")))
+def test_spark_and_polars_release_identical_tables_for_the_example_specs(
+    spec_name: str, example_copy: Path, spark: Any
+) -> None:
+    spec = example_copy / "specs" / spec_name
+    expected, actual = run_both(spec, spark)
+    assert all(table.height > 0 for table in expected.values())
+    assert_identical(expected, actual)
+
+
+def mixed_data(rng: np.random.Generator, units: int = 1500) -> pl.DataFrame:
+    """Units in at most 3 partitions each (L0 = 3 below), up to 8 rows per partition (m = 3)."""
+    rows: dict[str, list[Any]] = {"uid": [], "g": [], "h": [], "x": []}
+    labels = ["a", "b", "c", "d.e", None]
+    for u in range(units):
+        for g in rng.choice(12, size=int(rng.integers(1, 4)), replace=False):
+            h = labels[int(rng.integers(0, len(labels)))]
+            for _ in range(int(rng.integers(1, 9))):
+                rows["uid"].append(u)
+                rows["g"].append(int(g))
+                rows["h"].append(h)
+                r = rng.random()
+                x = (None if r < 0.02 else math.nan if r < 0.04 else math.inf if r < 0.05 else -math.inf if r < 0.06
+                     else float(rng.normal(30.0, 25.0)))
+                rows["x"].append(x)
+    frame = pl.DataFrame(rows, schema={"uid": pl.Int64, "g": pl.Int32, "h": pl.String, "x": pl.Float64})
+    frame = frame.with_columns(d=(pl.date(2026, 1, 1) + pl.duration(days=pl.col("g") % 3)))
+    return frame.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**31)))
+
+
+def mixed_spec(folder: Path) -> Path:
+    def q(name: str, source: str, group_by: list[str], metrics: list[dict[str, Any]],
+          partitions: dict[str, Any] | None = None, filter: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": name, "input": source, "group_by": group_by,
+            "contribution_bounds": {"max_partitions_contributed": 3, "max_contributions_per_partition": 3},
+            "metrics": metrics, "output": {"path": f"out/{name}.parquet"},
+        }
+        if partitions is not None:
+            body["partitions"] = partitions
+        if filter is not None:
+            body["filter"] = filter
+        return body
+
+    x = {"column": "x", "bounds": [-10, 70]}
+    stats = [{"name": "n", "kind": "count"}, {"name": "units", "kind": "privacy_id_count"},
+             {"name": "total", "kind": "sum", **x}, {"name": "avg", "kind": "mean", **x},
+             {"name": "var", "kind": "variance", **x}, {"name": "sd", "kind": "stddev", **x}]
+    tree = [{"name": "med", "kind": "median", **x}, {"name": "qs", "kind": "quantile", "q": [0.1, 0.9], **x},
+            {"name": "lo", "kind": "min", **x}, {"name": "hi", "kind": "max", **x}]
+    queries = [
+        q("public_parquet", "p", ["g"], stats, {"public": list(range(14))}),
+        q("global_csv", "c", [], [*stats[:3], tree[0]], filter="g < 10"),
+        q("tg_no_second", "p", ["g", "h"], [stats[0], *tree],
+          {"selection": "truncated_geometric", "second_bounding": False}),
+        q("released_count", "j", ["h"], stats[:4], {"selection": "released_count"}),
+        q("laplace_threshold", "c", ["g"], stats[:4], {"selection": "laplace_threshold", "min_privacy_units": 3}),
+        q("gaussian_threshold", "j", ["h", "g"], [stats[1], {**stats[3], "noise": "gaussian"}],
+          {"selection": "gaussian_threshold"}),
+        # Date keys (Parquet), a key that is also the summed column, and a query left with no rows.
+        q("date_and_value_keys", "p", ["d", "g"], [stats[0], {"name": "gsum", "kind": "sum", "column": "g",
+                                                             "bounds": [0, 20]}], {"selection": "auto"}),
+        q("empty", "c", ["g"], [stats[0], tree[0]], {"selection": "laplace_threshold"}, filter="x > 1000000 and x < 2000000"),
+    ]
+    spec = {
+        "version": 1, "name": "mixed", "privacy_unit": "uid",
+        "budget": {"epsilon": 30.0, "delta": 1e-4, "accounting": "basic"},
+        "inputs": {"p": {"path": "data.parquet"}, "c": {"path": "data.csv"}, "j": {"path": "data.ndjson"}},
+        "queries": queries, "report": "out/report.json",
+    }
+    path = folder / "spec.yaml"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def test_identical_tables_on_every_input_format_selection_mechanism_and_quantiles(
+    tmp_path: Path, spark: Any
+) -> None:
+    data = mixed_data(np.random.default_rng(SEED + 1))
+    data.write_parquet(tmp_path / "data.parquet")
+    data.write_csv(tmp_path / "data.csv")  # NaN and ±inf as text
+    data.write_ndjson(tmp_path / "data.ndjson")  # NaN and ±inf become null
+    expected, actual = run_both(mixed_spec(tmp_path), spark)
+    assert min(table.height for name, table in expected.items() if name != "empty") > 0
+    assert expected["empty"].height == 0
+    assert_identical(expected, actual)
+
+
+# --- (b) heavy units ----------------------------------------------------------------------
+
+KEYS = 20
+HEAVY = 40
+L0 = 2
+
+
+def heavy_data(rng: np.random.Generator, light: int = 3000) -> pl.DataFrame:
+    """Light units: one row in one key (0..KEYS-2). Heavy units: 6 rows in every key but the last.
+
+    Key KEYS-1 is public but holds no data.
+    """
+    light_keys = rng.integers(0, KEYS - 1, size=light)
+    uids = [*range(light), *np.repeat(np.arange(light, light + HEAVY), (KEYS - 1) * 6)]
+    keys = [*light_keys.tolist(), *np.tile(np.repeat(np.arange(KEYS - 1), 6), HEAVY).tolist()]
+    frame = pl.DataFrame({"uid": uids, "key": keys}, schema={"uid": pl.Int64, "key": pl.Int64})
+    frame = frame.with_columns(value=pl.lit(1.0))
+    return frame.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**31)))
+
+
+def heavy_spec(folder: Path, data: pl.DataFrame) -> Path:
+    """The data split over 4 Parquet files (several input tasks); public keys 0..KEYS-1."""
+    (folder / "data").mkdir()
+    for i, part in enumerate(data.iter_slices(math.ceil(data.height / 4))):
+        part.write_parquet(folder / "data" / f"part-{i}.parquet")
+    spec = {
+        "version": 1, "name": "heavy", "privacy_unit": "uid",
+        "budget": {"epsilon": 2.0, "delta": 0.0, "accounting": "basic"},
+        "inputs": {"d": {"path": "data/*.parquet"}},
+        "queries": [{
+            "name": "per_key", "input": "d", "group_by": ["key"],
+            "partitions": {"public": list(range(KEYS))},
+            "contribution_bounds": {"max_partitions_contributed": L0, "max_contributions_per_partition": 1},
+            "metrics": [{"name": "rows", "kind": "count"}, {"name": "units", "kind": "privacy_id_count"}],
+            "output": {"path": "out/per_key.parquet"},
+        }],
+        "report": "out/report.json",
+    }
+    path = folder / "spec.yaml"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
+    folder = tmp_path_factory.mktemp("heavy")
+    data = heavy_data(np.random.default_rng(SEED + 2))
+    return heavy_spec(folder, data), data
+
+
+def noise_bound(noise: Any, p: float) -> float:
+    """|noise| < this with probability ≥ 1 − p (discrete Laplace tail 2e^{-k/t}; one grid unit of rounding)."""
+    assert noise.kind == "laplace"
+    return math.ldexp(math.ceil(noise.parameter * math.log(2.0 / p)) + 1, noise.grid_exponent)
+
+
+def test_heavy_units_are_bounded_and_both_engines_agree_with_the_truth(
+    heavy: tuple[Path, pl.DataFrame], spark: Any
+) -> None:
+    spec, data = heavy
+    plan = api.plan(api.validate(spec)).queries[0]
+    light = (data.filter(pl.col("uid") < 3000).group_by("key").len()
+             .join(pl.DataFrame({"key": range(KEYS)}), on="key", how="right").fill_null(0).sort("key"))
+    light_rows = light["len"].to_numpy()
+    seed = int.from_bytes(os.urandom(6), "big")
+    expected, actual = run_both(spec, spark, seed)
+    for engine, table in (("polars", expected["per_key"]), ("spark", actual["per_key"])):
+        assert table["key"].to_list() == list(range(KEYS)), f"{engine}: the public partitions, exactly"
+        for metric in ("rows", "units"):
+            (quantity_id,) = next(m.quantity_ids for m in plan.metrics if m.name == metric)
+            noise = plan.quantity(quantity_id).noise
+            bound = noise_bound(noise, 1e-9)
+            released = table[metric].to_numpy()
+            # Each partition holds its light units plus 0..HEAVY bounded heavy units (one row each).
+            assert np.all(released >= light_rows - bound), f"seed={seed} {engine} {metric}: {released}"
+            assert np.all(released <= light_rows + HEAVY + bound), f"seed={seed} {engine} {metric}: {released}"
+            # In all, exactly HEAVY·L0 heavy contributions survive bounding (not HEAVY·(KEYS-1)·6).
+            total_bound = 6.0 * noise.std * math.sqrt(KEYS)
+            excess = released.sum() - light_rows.sum() - HEAVY * L0
+            assert abs(excess) <= total_bound, f"seed={seed} {engine} {metric}: {excess} vs {total_bound}"
+    # The empty public key gets noise only.
+    assert abs(actual["per_key"]["rows"][KEYS - 1]) <= noise_bound(plan.quantities[0].noise, 1e-9)
+
+
+# --- (c) determinism of the keyed-hash choice ---------------------------------------------
+
+
+def kept_pairs(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
+    """(unit, key) pairs kept by the first cross-partition bounding, collected (NOT private: tests only)."""
+    validated = api.validate(spec)
+    plan = api.plan(validated).queries[0]
+    info = validated.inputs[plan.input]
+    hash_key = RandomSource.from_seed(seed).hash_seeds()[0]
+    rows = spark_engine._rows(spark, plan, info, ["key"])
+    bounded = spark_engine._cross_partition_bound(spark_engine._partials(rows, plan, ["key"]), plan, ["key"], hash_key)
+    return spark_engine._collect(bounded.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
+
+
+def exact(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
+    validated = api.validate(spec)
+    plan = api.plan(validated).queries[0]
+    return spark_engine.exact_sums(plan, validated.inputs[plan.input], RandomSource.from_seed(seed), spark)
+
+
+def test_bounding_is_the_same_for_every_partitioning_and_every_run(
+    heavy: tuple[Path, pl.DataFrame], spark: Any
+) -> None:
+    spec, data = heavy
+    first_uid_heavy = data["uid"].max() - HEAVY + 1
+    pairs = kept_pairs(spark, spec, 1)
+    per_unit = pairs.group_by("uid").len()
+    assert per_unit["len"].max() == L0
+    assert per_unit.filter(pl.col("uid") >= first_uid_heavy)["len"].to_list() == [L0] * HEAVY
+    sums = exact(spark, spec, 1)
+    assert sums["__dprun_units__"].sum() == pairs.height
+    try:
+        for partitions, split, adaptive in (("1", str(64 * 1024), "false"), ("7", "134217728", "true")):
+            spark.conf.set("spark.sql.shuffle.partitions", partitions)
+            spark.conf.set("spark.sql.files.maxPartitionBytes", split)
+            spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+            assert kept_pairs(spark, spec, 1).equals(pairs)
+            assert exact(spark, spec, 1).equals(sums)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
+    # The choice is keyed: another run's secret picks other partitions for the heavy units.
+    other = kept_pairs(spark, spec, 2)
+    assert other.group_by("uid").len()["len"].max() == L0
+    assert not other.equals(pairs)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
+def test_a_retried_task_keeps_the_same_rows(
+    heavy: tuple[Path, pl.DataFrame], spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail the first attempt of one bounding task after it read its shuffle input; Spark retries it."""
+    spec, _ = heavy
+    expected = exact(spark, spec, 3)
+    marker = str(tmp_path / "failed-once")
+    bound = spark_engine._cross_partition_bound
+
+    def failing_once(uid: int) -> bool:
+        from pyspark import TaskContext
+
+        if TaskContext.get().attemptNumber() == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("injected task failure")
+        return True
+
+    def bound_with_a_failure(partials: Any, *args: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        bounded = bound(partials, *args)
+        # A Python UDF that keeps every row, applied to the bounding stage's output: its task dies
+        # once, after the window ran on its shuffle input, and Spark runs it again (local[2,2]).
+        return bounded.filter(F.udf(failing_once, "boolean")(F.col("uid")))
+
+    monkeypatch.setattr(spark_engine, "_cross_partition_bound", bound_with_a_failure)
+    retried = exact(spark, spec, 3)
+    assert os.path.exists(marker), "no task failed: the test did not exercise a retry"
+    assert retried.equals(expected)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_missing_pyspark_or_java_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark", None)
+    with pytest.raises(spark_engine.SparkUnavailable, match=r"install dprun\[spark\]; Spark needs Java 17\+"):
+        spark_engine.spark_session("local[1]")
+    monkeypatch.undo()
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(spark_engine.SparkUnavailable, match=r"Java.*install dprun\[spark\]; Spark needs Java 17\+"):
+        spark_engine.spark_session("local[1]")
+    assert spark_engine.java_major_version('openjdk version "17.0.15" 2025-04-15') == 17
+    assert spark_engine.java_major_version('java version "1.8.0_392"') == 8
+
+
+def test_a_bad_value_fails_the_run_without_showing_the_value(
+    tmp_path: Path, spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Past the rows Polars infers the schema from, one value does not parse: exit 3, and no trace of it."""
+    values = [f"{i / 4}" for i in range(1500)]
+    values[1200] = "secret-4711"
+    pl.DataFrame({"uid": range(1500), "x": values}).write_csv(tmp_path / "data.csv")
+    spec = {
+        "version": 1, "name": "bad", "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 0.0},
+        "inputs": {"d": {"path": "data.csv"}},
+        "queries": [{"name": "q", "input": "d",
+                     "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
+                     "metrics": [{"name": "s", "kind": "sum", "column": "x", "bounds": [0, 10]}],
+                     "output": {"path": "out/q.parquet"}}],
+        "report": "out/report.json",
+    }
+    (tmp_path / "spec.yaml").write_text(json.dumps(spec))
+    with pytest.raises(DataError) as failure:
+        api.run(tmp_path / "spec.yaml", seed=1, engine="spark", spark_options={"master": "local[2,2]"})
+    assert failure.value.exit_code == 3
+    assert "CAST_INVALID_INPUT" in failure.value.message
+    captured = capfd.readouterr()
+    assert "secret-4711" not in failure.value.message + captured.out + captured.err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not os.environ.get("DPRUN_TEST_SPARK_REMOTE"),
+                    reason="set DPRUN_TEST_SPARK_REMOTE=sc://host:15002 to test against a Spark Connect server "
+                           "(needs pip install 'pyspark[connect]')")
+def test_spark_connect_releases_the_same_tables(example_copy: Path, tmp_path: Path) -> None:
+    """The engine uses the DataFrame API only, so a Spark Connect session runs it unchanged.
+
+    `dprun run --spark-remote` runs in a subprocess: pyspark allows no remote session in a
+    process that holds a classic one (this module's fixture).
+    """
+    remote = os.environ["DPRUN_TEST_SPARK_REMOTE"]
+    spec = example_copy / "specs" / "restaurants_multi.yaml"
+    plan = api.plan(api.validate(spec))
+    outputs = [q.output_path for q in plan.queries]
+
+    def published() -> list[pl.DataFrame]:
+        return [pl.read_csv(p) if p.suffix == ".csv" else pl.read_parquet(p) for p in outputs]
+
+    api.run(spec, seed=SEED, overwrite=True)
+    expected = published()
+    done = subprocess.run(
+        [sys.executable, "-m", "dprun", "run", str(spec), "--seed", str(SEED), "--overwrite",
+         "--engine", "spark", "--spark-remote", remote, "--format", "json"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for path, before, after in zip(outputs, expected, published(), strict=True):
+        assert before.equals(after), f"{path}:\npolars\n{before}\nspark connect\n{after}"
