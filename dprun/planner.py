@@ -131,10 +131,12 @@ def _weights(query: Query, mechanism: str | None) -> _Weights:
     for metric, quantities in _metric_quantities(query):
         for quantity in quantities:
             weights[quantity.id] = weights.get(quantity.id, 0.0) + metric.budget_share / len(quantities)
-    separate = mechanism is not None
-    selection_weight = query.partitions.budget_share if separate and query.partitions is not None else (
-        1.0 if separate else 0.0)
-    return _Weights(weights, selection_weight)
+    return _Weights(weights, _selection_share(query) if mechanism is not None else 0.0)
+
+
+def _selection_share(query: Query) -> float:
+    """The weight of partition selection inside its query (`partitions.budget_share`, default 1)."""
+    return query.partitions.budget_share if query.partitions is not None else 1.0
 
 
 def _noise_choices(query: Query) -> dict[str, NoiseKind | None]:
@@ -164,7 +166,7 @@ def _plan_query(
     quantities = {q.id: q for _, qs in _metric_quantities(query) for q in qs}
     kinds = _choose_noise(query, quantities, weights, epsilon, delta, private)
     delta_consumers = {qid: w for qid, w in weights.quantities.items() if kinds[qid] == "gaussian"}
-    selection_delta_weight = (query.partitions.budget_share if query.partitions else 1.0) if private else 0.0
+    selection_delta_weight = _selection_share(query) if private else 0.0
     delta_weight = sum(delta_consumers.values()) + selection_delta_weight
     noisy = []
     for qid, weight in weights.quantities.items():
@@ -226,8 +228,7 @@ def _choose_noise(
     l0 = query.contribution_bounds.max_partitions_contributed
     explicit = _noise_choices(query)
     total = sum(weights.quantities.values()) + weights.selection
-    all_delta = sum(weights.quantities.values()) + (
-        (query.partitions.budget_share if query.partitions else 1.0) if private else 0.0)
+    all_delta = sum(weights.quantities.values()) + (_selection_share(query) if private else 0.0)
     kinds: dict[str, NoiseKind] = {}
     for qid, weight in weights.quantities.items():
         if explicit[qid] is not None:

@@ -30,6 +30,7 @@ from dprun.mechanisms.calibration import (
     analytic_gaussian_sigma,
     discrete_laplace_std,
     gaussian_epsilon,
+    laplace_scale,
 )
 from dprun.mechanisms.sampling import RandomSource, discrete_gaussian, discrete_laplace
 
@@ -89,10 +90,10 @@ def calibrate(
 ) -> NoisePlan:
     """Noise for an integer aggregate in units of 2**unit_exponent with L∞ = linf_units, L0 = l0."""
     if kind == "laplace":
-        real_scale = math.ldexp(l0 * linf_units / epsilon, unit_exponent)
+        real_scale = math.ldexp(laplace_scale(l0 * linf_units, epsilon), unit_exponent)
         grid = 0 if unit_exponent == 0 and linf_units * l0 / epsilon < 2.0**LATTICE_BITS else _grid(real_scale)
         linf = grid_sensitivity(linf_units, unit_exponent, grid)
-        return NoisePlan("laplace", grid, linf, l0, l0 * linf / epsilon, epsilon, 0.0)
+        return NoisePlan("laplace", grid, linf, l0, laplace_scale(l0 * linf, epsilon), epsilon, 0.0)
     if not gaussian_allowed(delta):
         raise ValueError(f"Gaussian noise needs a delta share of at least {MIN_GAUSSIAN_DELTA:.1e}")
     target = delta - GAUSSIAN_DELTA_SLACK
