@@ -349,7 +349,7 @@ def _units_for_half(query: Query, epsilon: float, delta: float, mechanism: str, 
     """Units for a 50% keep chance with `mechanism`, under the spec's accounting applied to this query alone."""
     plan = _plan_query(query, epsilon, delta, mechanism, 1.0, validated)
     if validated.spec.budget.accounting == "pld":
-        multiplier = _pld_multiplier([plan], epsilon, delta)
+        multiplier = _pld_multiplier([plan], epsilon, delta, rough=True)
         plan = _plan_query(query, epsilon, delta, mechanism, multiplier, validated)
     return plan.selection.units_for_50pct or math.inf
 
@@ -374,11 +374,11 @@ def _noise_cost(noise: NoisePlan) -> accounting.NoiseCost:
     return accounting.NoiseCost(noise.kind, noise.parameter, noise.sensitivity)
 
 
-def _pld_multiplier(plans: list[QueryPlan], epsilon: float, delta: float) -> float:
+def _pld_multiplier(plans: list[QueryPlan], epsilon: float, delta: float, rough: bool = False) -> float:
     noise, fixed = _costs(plans)
     if delta == 0 or not noise:
         return 1.0
-    return min(1.0, accounting.pld_noise_multiplier(noise, fixed, epsilon * SHARE_SAFETY, delta))
+    return min(1.0, accounting.pld_noise_multiplier(noise, fixed, epsilon * SHARE_SAFETY, delta, rough))
 
 
 def _total(plans: list[QueryPlan], method: str, delta: float) -> tuple[float, float]:
