@@ -32,7 +32,8 @@ the most records (a key not released counts as 0). Errors are averaged over the 
 Memory guards: --max-rss CASE=GB kills a case whose RSS passes GB (default b=15);
 --limit CASE=GB runs a case under RLIMIT_AS = GB GiB (like `ulimit -v` or `prlimit --as`),
 to show that it runs in bounded memory. A case that fails is reported as failed.
---phases also times, one subprocess each, the Polars steps of dprun's engine.
+--phases also times, one subprocess each, the Polars steps of the engine's general (hash)
+path, which runs where the sorted fast path cannot (string or multi-column units or keys).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ counts = kept.explode("key").group_by("key").agg(pl.len().cast(pl.Int64).alias("
 counts.sink_parquet(out, engine="streaming")
 """
 
-# The steps of dprun's Polars engine (dprun/engines/polars_engine.py) for a per-key count,
+# The steps of the Polars engine's general path (polars_engine.HashBounding) for a per-key count,
 # re-implemented so that each can be timed alone. Each snippet sees `data` and `tmp`.
 PHASES = [
     (
@@ -367,8 +368,8 @@ def print_table(results: dict[str, Result]) -> None:
 def run_phases(data: Path, tmp: Path) -> None:
     folder = tmp / "phases"
     folder.mkdir(exist_ok=True)
-    print("\nPolars steps of dprun's engine for a per-key count, one subprocess each "
-          "(dprun also runs the L0 step a second time, on the selected keys):")
+    print("\nPolars steps of the engine's general (hash) path for a per-key count, one subprocess each "
+          "(it runs the L0 step a second time, on the selected keys):")
     print(f"{'step':<42} {'wall s':>7} {'CPU s':>7} {'RSS GB':>7}")
     for name, body in PHASES:
         code = f"import os, polars as pl\ndata, tmp = {str(data)!r}, {str(folder)!r}\n" + textwrap.dedent(body)
@@ -401,7 +402,7 @@ def parse_args() -> argparse.Namespace:
                         help="run CASE under an address-space limit (RLIMIT_AS) of GB GiB")
     parser.add_argument("--max-rss", action="append", default=[], metavar="CASE=GB",
                         help="kill CASE when its RSS passes GB (default b=15; b=0 for no limit)")
-    parser.add_argument("--phases", action="store_true", help="also time dprun's Polars steps one by one")
+    parser.add_argument("--phases", action="store_true", help="also time the general path's Polars steps one by one")
     parser.add_argument("--keep", type=Path, help="write the temporary specs and outputs here and keep them")
     args = parser.parse_args()
     cases = {c.strip() for c in args.cases.split(",") if c.strip()}

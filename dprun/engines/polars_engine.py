@@ -30,7 +30,18 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dprun.errors import DataError, OutputError
+from dprun.engines.polars_steps import (
+    GLOBAL_KEY,
+    LEAF,
+    PARTITION,
+    UNITS,
+    WEIGHT,
+    collect,
+    row_units,
+    scaled_partial,
+    sink,
+)
+from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import add_noise
 from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles, unit_weight_expr
@@ -40,15 +51,9 @@ from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo, scan
 
-GLOBAL_KEY = "__dprun_partition__"
-UNITS = "__dprun_units__"
 HASH = "__dprun_hash__"
 SHARD = "__dprun_shard__"
-LEAF = "__dprun_leaf__"
 PRESENT = "__dprun_present__"
-WEIGHT = "__dprun_weight__"
-PARTITION = "__dprun_partition_index__"
-STREAMING = "streaming"
 # Input bytes per shard of units: Parquet expands several-fold in memory, CSV/NDJSON much less.
 SHARD_BYTES = 32 * 2**20
 TEXT_BYTES_FACTOR = 4
@@ -62,40 +67,79 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     """
     keys = list(plan.group_by) or [GLOBAL_KEY]
     seed = source.hash_seeds()[0]
-    shards = _partial_shards(plan, info, keys, seed, workdir)
-    # col : (unit, partition keys, partial per quantity), one file per shard of units
-    partials = [pl.scan_parquet(shard.partials) for shard in shards]
-    bounded = [_cross_partition_bound(shard, plan, keys, seed) for shard in partials]
+    bounding = _bounding(plan, info, keys, seed, workdir)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        # col : (partition keys, privacy units after the first bounding)
-        unit_counts = _combine([b.group_by(keys).agg(pl.len().cast(pl.Int64).alias(UNITS)) for b in bounded], keys)
-        if unit_counts.width == 0:
-            unit_counts = pl.DataFrame(schema={**_key_schema(partials, keys), UNITS: pl.Int64})
         # Sorted so that random draws are assigned in the same order whatever the sharding.
-        unit_counts = unit_counts.sort(keys, nulls_last=True)
+        unit_counts = bounding.unit_counts().sort(keys, nulls_last=True)
         keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
         chosen = unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
-        if plan.selection.second_bounding:
-            bounded = [_cross_partition_bound(_semi(shard, chosen, keys), plan, keys, seed) for shard in partials]
-        else:
-            bounded = [_semi(frame, chosen, keys) for frame in bounded]
-        sums = _with_all_keys(_partition_sums(bounded, partials, plan, keys), chosen, plan)
+        bounding.restrict(chosen, rebound=plan.selection.second_bounding)
+        sums = _with_all_keys(bounding.partition_sums(), chosen, plan)
     elif mode == "private":
-        sums = _partition_sums(bounded, partials, plan, keys)
+        sums = bounding.partition_sums()
     else:
-        sums = _with_all_keys(_partition_sums(bounded, partials, plan, keys), _public_keys(plan, keys), plan)
+        sums = _with_all_keys(bounding.partition_sums(), _public_keys(plan, keys), plan)
     # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
     sums = sums.sort(keys, nulls_last=True)
     noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
              for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
-    answers = {q.quantity.id: _quantiles(q, plan, shards, bounded, sums.select(keys), keys, source)
-               for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
+    # Only the hash path runs quantile trees (`packable` sends them there).
+    answers = bounding.quantiles(sums.select(keys), source) if isinstance(bounding, HashBounding) else {}
     released = np.ones(sums.height, dtype=bool)
     if mode == "private" and plan.selection.mechanism == "released_count":
         released = _released_count_keep(plan, sums, noisy)
     output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(pl.Series(released, dtype=pl.Boolean))
     return output.drop(GLOBAL_KEY) if not plan.group_by else output
+
+
+def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> Bounding:
+    """The sorted fast path where the unit and key pack into integers, else the general hash path."""
+    rows = _rows(plan, info, keys)
+    if packable(plan, dict(rows.collect_schema()), keys[0]):
+        codes = codes_for(rows, plan.privacy_unit[0], keys[0], info)
+        if codes is not None:
+            return SortedBounding(plan, rows, codes, seed, workdir)
+    return HashBounding(plan, info, keys, seed, workdir)
+
+
+class HashBounding:
+    """Both contribution boundings by hash group-bys over per-(unit, partition) partials.
+
+    Works for any column types; also keeps what quantile trees need.
+    """
+
+    def __init__(self, plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> None:
+        self.plan, self.keys, self.seed = plan, keys, seed
+        self.shards = _partial_shards(plan, info, keys, seed, workdir)
+        # col : (unit, partition keys, partial per quantity), one file per shard of units
+        self.partials = [pl.scan_parquet(shard.partials) for shard in self.shards]
+        self.bounded = [_cross_partition_bound(shard, plan, keys, seed) for shard in self.partials]
+
+    def unit_counts(self) -> pl.DataFrame:
+        """col : (partition keys, privacy units after the first bounding)."""
+        counts = _combine([b.group_by(self.keys).agg(pl.len().cast(pl.Int64).alias(UNITS)) for b in self.bounded],
+                          self.keys)
+        return counts if counts.width else pl.DataFrame(schema={**_key_schema(self.partials, self.keys), UNITS: pl.Int64})
+
+    def restrict(self, chosen: pl.DataFrame, rebound: bool) -> None:
+        """Keep the chosen partitions only; with `rebound`, bound again among them (Plume)."""
+        if rebound:
+            self.bounded = [_cross_partition_bound(_semi(shard, chosen, self.keys), self.plan, self.keys, self.seed)
+                            for shard in self.partials]
+        else:
+            self.bounded = [_semi(frame, chosen, self.keys) for frame in self.bounded]
+
+    def partition_sums(self) -> pl.DataFrame:
+        return _partition_sums(self.bounded, self.partials, self.plan, self.keys)
+
+    def quantiles(self, partitions: pl.DataFrame, source: RandomSource) -> dict[str, dict[float, np.ndarray]]:
+        """Every quantile tree's answers for `partitions`, by quantity id."""
+        return {q.quantity.id: _quantiles(q, self.plan, self.shards, self.bounded, partitions, self.keys, source)
+                for q in self.plan.quantities if q.quantity.aggregate == "quantile_tree"}
+
+
+Bounding = HashBounding | SortedBounding
 
 
 def _semi(frame: pl.LazyFrame, chosen: pl.DataFrame, keys: list[str]) -> pl.LazyFrame:
@@ -132,7 +176,7 @@ def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int
         return [_write_shard(rows, plan, keys, workdir, 0)]
     rows_dir = workdir / "rows"
     shard_of_unit = pl.struct(list(plan.privacy_unit)).hash(seed ^ SHARD_SEED_MASK) % count
-    _sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False))
+    sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False))
     shards = []
     for index in range(count):
         files = sorted((rows_dir / f"{SHARD}={index}").glob("*.parquet"))
@@ -143,12 +187,12 @@ def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int
 
 def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: Path, index: int) -> Shard:
     partials = workdir / f"partials-{index}.parquet"
-    _sink(_partials(rows, plan, keys), partials)
+    sink(_partials(rows, plan, keys), partials)
     trees = {}
     for position, noisy in enumerate(plan.quantities):
         if noisy.quantity.aggregate == "quantile_tree":
             trees[noisy.quantity.id] = workdir / f"tree-{position}-{index}.parquet"
-            _sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id])
+            sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id])
     return Shard(partials, trees)
 
 
@@ -192,32 +236,9 @@ def _quantiles(
     return {level: answers[:, index] for index, level in enumerate(levels)}
 
 
-def _sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy) -> None:
-    try:
-        frame.sink_parquet(target, mkdir=True, engine=STREAMING)
-    except pl.exceptions.PolarsError as exc:
-        if "os error" in str(exc):
-            # An operating-system failure (e.g. a full disk) names no data value; say it as it is.
-            reason = str(exc).strip().splitlines()[0]
-            raise OutputError(f"cannot write intermediate files (set DPRUN_TMPDIR to a larger disk?): {reason}") from None
-        raise _data_error(exc) from None
-
-
-def _collect(frame: pl.LazyFrame) -> pl.DataFrame:
-    try:
-        return frame.collect(engine=STREAMING)
-    except pl.exceptions.PolarsError as exc:
-        raise _data_error(exc) from None
-
-
-def _data_error(exc: Exception) -> DataError:
-    # Polars' messages can quote data values; only the kind of failure is passed on.
-    return DataError(f"the data could not be processed ({type(exc).__name__}); check the input files and column types")
-
-
 def _combine(frames: list[pl.LazyFrame], keys: list[str]) -> pl.DataFrame:
     """Per-shard partition aggregates, collected one shard at a time and summed."""
-    parts = [_collect(frame) for frame in frames]
+    parts = [collect(frame) for frame in frames]
     if len(parts) <= 1:
         return parts[0] if parts else pl.DataFrame()
     stacked = pl.concat(parts)
@@ -248,16 +269,6 @@ def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
     )
 
 
-def _units(quantity: Quantity) -> pl.Expr:
-    """A row's value in integer units of the quantity: clamped, centred, rounded, clipped."""
-    value = pl.col(quantity.column).clip(quantity.lower, quantity.upper) - quantity.center
-    if quantity.aggregate == "centered_sumsq":
-        value = value * value
-    scaled = (value * math.ldexp(1.0, -quantity.unit_exponent)).round()
-    low = 0 if quantity.aggregate == "centered_sumsq" else -quantity.max_units
-    return scaled.clip(low, quantity.max_units).cast(pl.Int64)
-
-
 def _partials(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
     """One row per (unit, partition): each quantity's partial, bounded to max_rows rows' worth."""
     m = plan.max_rows
@@ -270,11 +281,8 @@ def _partials(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFr
         if q.aggregate == "rows":
             aggregations.append(pl.min_horizontal(present, pl.lit(m)).cast(pl.Int64).alias(q.id))
             continue
-        total = _units(q).cast(pl.Int128).sum()
-        kept = pl.min_horizontal(present, pl.lit(m)).cast(pl.Int128)
-        # floor(total · kept / present) stays within ±kept · max_units, so L∞ = m · max_units holds.
-        scaled = pl.when(present > 0).then((total * kept) // present.cast(pl.Int128)).otherwise(0)
-        aggregations.append(scaled.cast(pl.Int128).alias(q.id))
+        total = row_units(q).cast(pl.Int128).sum()
+        aggregations.append(scaled_partial(total, present, m).alias(q.id))
     if not aggregations:
         aggregations.append(pl.len().alias(UNITS))
     return rows.group_by([*plan.privacy_unit, *keys]).agg(aggregations)

@@ -49,16 +49,12 @@ import numpy as np
 import polars as pl
 
 from dprun.engines.polars_engine import (
-    GLOBAL_KEY,
-    LEAF,
-    PARTITION,
-    UNITS,
-    WEIGHT,
     _public_keys,
     _released_count_keep,
     _shape,
     _with_all_keys,
 )
+from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT
 from dprun.errors import DataError, DprunError, ExitCode
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import add_noise

@@ -14,22 +14,20 @@ in a million runs. The seed comes from os.urandom and is part of every assertion
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
-from click.testing import Result
+from dprun_testing import fresh_seed
+from engine_specs import output, query, run_ok, write_spec
 from scipy import stats
 
 from dprun import api
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.selection import keep_probability
 from dprun.plan import QueryPlan
-from dprun_testing import fresh_seed, invoke
 
 P_FAIL = 1e-7  # per statistical assertion
 Z = 5.5  # two-sided normal tail ≈ 3.8e-8
@@ -43,51 +41,8 @@ Z_UPPER_LAPLACE = 7.5
 # --- helpers -------------------------------------------------------------------------------
 
 
-def run_ok(spec: Path, seed: int) -> Result:
-    result = invoke("run", str(spec), "--seed", str(seed), "--overwrite")
-    assert result.exit_code == 0, f"seed={seed}: dprun run failed ({result.exit_code}): {result.output}"
-    assert "Traceback" not in result.output, f"seed={seed}"
-    return result
-
-
-def query(name: str, group_by: list[str], metrics: list[dict[str, Any]], *, l0: int = 1, m: int = 1,
-          partitions: dict[str, Any] | None = None, input_name: str = "data") -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "name": name,
-        "input": input_name,
-        "group_by": group_by,
-        "contribution_bounds": {"max_partitions_contributed": l0, "max_contributions_per_partition": m},
-        "metrics": metrics,
-        "output": {"path": f"out/{name}.parquet"},
-    }
-    if partitions is not None:
-        body["partitions"] = partitions
-    return body
-
-
-def write_spec(folder: Path, queries: list[dict[str, Any]], *, epsilon: float, delta: float = 0.0,
-               data: str = "data.parquet", privacy_unit: str = "uid") -> Path:
-    """A spec file in `folder` (JSON is valid YAML 1.2); outputs and the report go to folder/out."""
-    spec = {
-        "version": 1,
-        "name": folder.name,
-        "privacy_unit": privacy_unit,
-        "budget": {"epsilon": epsilon, "delta": delta, "accounting": "basic"},
-        "inputs": {"data": {"path": data}},
-        "queries": queries,
-        "report": "out/report.json",
-    }
-    path = folder / "spec.yaml"
-    path.write_text(json.dumps(spec, indent=2))
-    return path
-
-
 def plan_of(spec: Path) -> api.Plan:
     return api.plan(api.validate(spec))
-
-
-def output(spec: Path, name: str) -> pl.DataFrame:
-    return pl.read_parquet(spec.parent / "out" / f"{name}.parquet")
 
 
 def metric_noise(plan: QueryPlan, metric: str) -> NoisePlan:

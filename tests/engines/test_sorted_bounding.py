@@ -1,0 +1,146 @@
+"""The sorted fast path (dprun/engines/sorted_bounding.py) against the general hash path.
+
+Both paths bound contributions with the same partials and the same keyed hash, so under
+one test seed they must release identical tables: every test here runs a spec twice, once
+as it is and once with the fast path switched off, and compares the outputs exactly.
+Seeds come from os.urandom and are part of every assertion message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+from dprun_testing import fresh_seed
+from engine_specs import output, query, run_ok, write_spec
+
+from dprun import api
+from dprun.engines import polars_engine, sorted_bounding
+from dprun.errors import DataError
+from dprun.spec.input_schema import InputInfo
+
+
+def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:
+    """Units with 1–300 rows over ~200 keys (some null), repeated pairs, null and NaN values."""
+    per_unit = np.minimum(rng.zipf(1.6, units), 300)
+    uid = np.repeat(rng.permutation(units) * 7 - 1000, per_unit)
+    n = uid.size
+    key = rng.zipf(1.3, n) % 200 - 100
+    value = rng.normal(20, 30, n)
+    value[rng.random(n) < 0.05] = np.nan
+    frame = pl.DataFrame({"uid": uid, "key": key, "value": value}).with_columns(
+        pl.when(pl.col("key") % 37 == 0).then(None).otherwise(pl.col("key")).cast(key_dtype).alias("key"),
+        pl.when(pl.col("value") > 70).then(None).otherwise(pl.col("value")).alias("value"),
+    )
+    return frame.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**32)))
+
+
+def both_paths(spec: Path, names: list[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[pl.DataFrame, pl.DataFrame]]:
+    """Each query's output from the fast path and from the general path, same seed."""
+    taken: list[bool] = []
+    original = sorted_bounding.SortedBounding.__init__
+
+    def spy(self: sorted_bounding.SortedBounding, *args: Any) -> None:
+        taken.append(True)
+        original(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sorted_bounding.SortedBounding, "__init__", spy)
+        run_ok(spec, seed)
+    assert len(taken) == len(names), f"seed={seed}: the fast path ran for {len(taken)} of {len(names)} queries"
+    fast = {name: output(spec, name) for name in names}
+    with monkeypatch.context() as patch:
+        patch.setattr(polars_engine, "packable", lambda *args: False)
+        run_ok(spec, seed)
+    return {name: (fast[name], output(spec, name)) for name in names}
+
+
+METRICS = [
+    {"name": "rows", "kind": "count"},
+    {"name": "people", "kind": "privacy_id_count"},
+    {"name": "total", "kind": "sum", "column": "value", "bounds": [-40, 90]},
+    {"name": "average", "kind": "mean", "column": "value", "bounds": [0, 50]},
+    {"name": "spread", "kind": "stddev", "column": "value", "bounds": [-10, 60]},
+]
+
+
+@pytest.mark.parametrize("shard_rows", [2**23, 500])
+def test_fast_and_general_paths_release_identical_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_rows: int
+) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    heavy_tailed_rows(rng, 3000).write_parquet(tmp_path / "data.parquet")
+    monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", shard_rows)
+    queries = [
+        query("plume", ["key"], METRICS, l0=3, m=2, partitions={"selection": "gaussian_threshold"}),
+        query("no_second", ["key"], METRICS, l0=2, m=3,
+              partitions={"selection": "laplace_threshold", "second_bounding": False}),
+        query("released", ["key"], METRICS[:2], l0=4, m=1, partitions={"selection": "released_count"}),
+        query("public", ["key"], METRICS, l0=2, m=2, partitions={"public": [-99, -13, 0, 1, 2, 3, 500]}),
+        query("everything", [], METRICS, l0=1, m=5),
+    ]
+    spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6)
+    for name, (fast, general) in both_paths(spec, [q["name"] for q in queries], seed, monkeypatch).items():
+        assert fast.height > 0, f"seed={seed}: {name} released nothing; the comparison would be empty"
+        assert fast.equals(general), f"seed={seed}: {name} differs between paths:\n{fast}\n{general}"
+
+
+def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    frame = heavy_tailed_rows(rng, 800, key_dtype=pl.Int8).with_columns(
+        (pl.col("uid") - pl.col("uid").min() + (2**64 - 10**6)).cast(pl.UInt64).alias("uid"))
+    frame.write_parquet(tmp_path / "data.parquet")
+    keys = frame["key"].drop_nulls().unique().sort().to_list()
+    queries = [query("narrow", ["key"], METRICS[:3], l0=3, m=2, partitions={"public": [*keys[:5], 127, -128]})]
+    spec = write_spec(tmp_path, queries, epsilon=20.0)
+    (fast, general), = both_paths(spec, ["narrow"], seed, monkeypatch).values()
+    assert fast.schema["key"] == pl.Int8, f"seed={seed}"
+    assert fast["key"].to_list() == sorted([*keys[:5], 127, -128]), f"seed={seed}"
+    assert fast.equals(general), f"seed={seed}:\n{fast}\n{general}"
+
+
+def codes_of(frame: pl.DataFrame, tmp_path: Path) -> sorted_bounding.Codes | None:
+    path = tmp_path / "codes.csv"
+    frame.write_csv(path)
+    info = InputInfo("data", (path,), "csv", dict(frame.schema))
+    return sorted_bounding.codes_for(pl.scan_csv(path, schema=frame.schema), "uid", "key", info)
+
+
+def test_ranges_too_wide_to_pack_fall_back_to_the_general_path(tmp_path: Path) -> None:
+    wide_units = pl.DataFrame({"uid": [-(2**62), 2**62], "key": [1, 2]})
+    wide_keys = pl.DataFrame({"uid": [1, 2], "key": [0, sorted_bounding.MAX_KEY_CODES]})
+    assert codes_of(wide_units, tmp_path) is None
+    assert codes_of(wide_keys, tmp_path) is None
+    codes = codes_of(pl.DataFrame({"uid": [5, 9], "key": [None, 3]}, schema={"uid": pl.Int64, "key": pl.Int64}), tmp_path)
+    assert codes is not None and (codes.unit_min, codes.unit_max, codes.key_min, codes.key_span) == (5, 9, 3, 1)
+
+
+def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path) -> None:
+    """Parquet statistics are trusted only as far as every row is checked against them."""
+    frame = pl.DataFrame({"uid": [1, 2, 3, 40], "key": [1, 1, 2, 2]})
+    codes = codes_of(frame, tmp_path)
+    assert codes is not None
+    lying = sorted_bounding.Codes("uid", 1, 3, pl.Int64, "key", 1, 2, pl.Int64, codes.key_bits, 4)
+    pl.DataFrame({"uid": [1], "key": [1]}).write_parquet(tmp_path / "data.parquet")
+    spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1], partitions={"public": [1, 2]})], epsilon=1.0)
+    plan = api.plan(api.validate(spec)).queries[0]
+    with pytest.raises(DataError, match="statistics do not match"):
+        sorted_bounding.SortedBounding(plan, frame.lazy(), lying, 1, tmp_path)
+
+
+@pytest.mark.parametrize("scale", [1, 2**20, 2**40, 2**61])
+def test_exact_bincount_matches_python_integers(scale: int) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 50, 200_000)
+    values = rng.integers(-scale, scale + 1, keys.size, dtype=np.int64) if scale > 1 else np.ones(keys.size, np.int64)
+    expected = [0] * 50
+    for key, value in zip(keys.tolist(), values.tolist(), strict=True):
+        expected[key] += value
+    got = sorted_bounding._exact_bincount(keys, values, 50).to_list()
+    assert got == expected, f"seed={seed}: per-key sums differ"
