@@ -14,19 +14,19 @@ second bounding; their pairs are kept in temporary files. Every other unit keeps
 partitions in both boundings, so its pairs are summed per partition straight away.
 
 The result is the same as the general path's, step for step: the same scaled partials
-(`polars_engine.scaled_partial`) and the same keyed hash of (unit, partition) to choose a
+(`polars_steps.scaled_partial`) and the same keyed hash of (unit, partition) to choose a
 heavy unit's partitions, so under the test seed both paths release identical tables.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,6 +40,7 @@ from dprun.plan import QueryPlan
 from dprun.spec.input_schema import InputInfo
 
 PACKED = "__dprun_packed__"
+ROWS = "__dprun_rows__"
 T = TypeVar("T")
 R = TypeVar("R")
 # Rows sorted in memory at once: ~8 bytes per row and per value column, cache-friendly.
@@ -187,6 +188,11 @@ class _Totals:
             per_key = pl.Series(counts).cast(pl.Int128) if all_ones else _exact_bincount(keys, values * sign, size)
             self.sums[qid] = self.sums[qid] + per_key
 
+    def merge(self, other: _Totals) -> None:
+        self.units += other.units
+        for qid, sums in other.sums.items():
+            self.sums[qid] = self.sums[qid] + sums
+
     def column(self, qid: str, rows: np.ndarray) -> pl.Series:
         return self.sums[qid].gather(rows).alias(qid)
 
@@ -226,10 +232,8 @@ class SortedBounding:
         self.rebound = False
         frame = rows.select(codes.packed(), *self._row_columns())
         loads = _shards(frame, codes, seed, workdir)
-        for index, (keys, partials, heavy) in enumerate(_two_at_a_time(self._bound_shard, loads)):
-            # Light units' totals: all pairs', less the heavy units' (a small share).
-            self.light.add(keys, partials)
-            self.light.add(heavy["key"].to_numpy(), {qid: heavy[qid].to_numpy() for qid in partials}, sign=-1)
+        for index, (light, heavy) in enumerate(_two_at_a_time(self._bound_shard, loads)):
+            self.light.merge(light)
             if heavy.height:
                 path = workdir / f"heavy-{index}.arrow"
                 heavy.write_ipc(path, compression="uncompressed")
@@ -242,35 +246,44 @@ class SortedBounding:
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return [*present, *values]
 
-    def _bound_shard(self, load: Callable[[], pl.DataFrame]) -> tuple[np.ndarray, dict[str, np.ndarray], pl.DataFrame]:
-        """A shard's pairs (key codes, partials), and its heavy units' pairs, ranked."""
+    def _bound_shard(self, load: Callable[[], pl.DataFrame]) -> tuple[_Totals, pl.DataFrame]:
+        """A shard's light units' totals per key, and its heavy units' pairs, ranked."""
         shard = load()
         if shard[PACKED].null_count():
             raise DataError("a Parquet footer's statistics do not match the file's data; rewrite the file")
-        shard = shard.sort(PACKED)
-        packed = shard[PACKED].to_numpy()
-        starts = _run_starts(packed)
-        pair_packed = packed[starts]
-        rows = np.diff(starts, append=packed.size)
-        partials = {q.id: self._partial(q, shard, starts, rows) for q in self.quantities}
-        del shard, packed
+        # On a sorted column Polars groups by slicing runs: no hashing.
+        pairs = shard.sort(PACKED).group_by(PACKED, maintain_order=True).agg(self._pair_sums())
+        del shard
+        pair_packed = pairs[PACKED].to_numpy()
+        partials = {q.id: self._partial(q, pairs) for q in self.quantities}
+        del pairs
         unit_code = pair_packed >> np.uint64(self.codes.key_bits)
         # Codes are below 2^62, so the UInt64 bits read as Int64 unchanged (np.bincount wants signed).
         key_code = np.bitwise_and(pair_packed, np.uint64((1 << self.codes.key_bits) - 1)).view(np.int64)
         user_starts = _run_starts(unit_code)
         per_unit = np.diff(user_starts, append=unit_code.size)
         heavy = _run_members(user_starts, per_unit, per_unit > self.plan.max_partitions)
-        return key_code, partials, self._ranked_heavy(
-            unit_code[heavy], key_code[heavy], {qid: values[heavy] for qid, values in partials.items()})
+        heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
+        # Light units' totals: all pairs', less the heavy units' (a small share).
+        light = _Totals.zeros(self.codes.key_codes, list(partials))
+        light.add(key_code, partials)
+        light.add(key_code[heavy], heavy_partials, sign=-1)
+        return light, self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
 
-    def _partial(self, quantity: Quantity, shard: pl.DataFrame, starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def _pair_sums(self) -> list[pl.Expr]:
+        """Per pair: its rows, each value column's non-null rows, each value quantity's total."""
+        columns = sorted({q.column for q in self.quantities if q.column is not None})
+        sums = [pl.col(_present(c)).sum().cast(pl.Int64) for c in columns]
+        sums += [pl.col(q.id).sum() for q in self.quantities if q.aggregate != "rows"]
+        return [pl.len().cast(pl.Int64).alias(ROWS), *sums]
+
+    def _partial(self, quantity: Quantity, pairs: pl.DataFrame) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth, exactly as the general path."""
         m = self.plan.max_rows
-        present = rows if quantity.column is None else np.add.reduceat(
-            shard[_present(quantity.column)].to_numpy().astype(np.int64), starts)
+        present = pairs[ROWS if quantity.column is None else _present(quantity.column)].to_numpy()
         if quantity.aggregate == "rows":
             return np.minimum(present, m)
-        total = np.add.reduceat(shard[quantity.id].to_numpy(), starts)
+        total = pairs[quantity.id].to_numpy()
         over = present > m
         if not over.any():
             return total
