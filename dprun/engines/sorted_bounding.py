@@ -44,7 +44,7 @@ ROWS = "__dprun_rows__"
 T = TypeVar("T")
 R = TypeVar("R")
 # Rows sorted in memory at once: ~8 bytes per row and per value column, cache-friendly.
-SHARD_ROWS = 2**23
+SHARD_ROWS = 2**22
 # Per-partition totals are kept in dense arrays indexed by the key's code.
 MAX_KEY_CODES = 2**22
 PACKED_BITS = 62
