@@ -17,6 +17,10 @@ instead of sampling m rows: the result is the expected value of sampling m rows
 uniformly at random, has the same sensitivity (|partial| ≤ m · max units), needs no
 randomness and runs as one streaming group-by. See docs/mechanisms.md.
 
+Steps 2–4 run one of two ways with the same result: by hash group-bys (`HashBounding`,
+any column types, quantile trees), or, when the unit and the key are single integer
+columns, by sorting packed codes (`dprun.engines.sorted_bounding`, much faster).
+
 The engine never computes a sensitivity, a noise scale or a threshold; it reads them
 from the plan and calls `dprun.mechanisms` to draw noise and select partitions.
 """
