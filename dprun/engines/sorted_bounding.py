@@ -225,6 +225,7 @@ class SortedBounding:
         self.codes = codes
         self.seed = seed
         self.quantities = [q.quantity for q in plan.quantities if q.quantity.aggregate != "privacy_units"]
+        self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
         ids = [q.id for q in self.quantities]
         self.light = _Totals.zeros(codes.key_codes, ids)
         self.heavy_files: list[Path] = []
@@ -241,8 +242,7 @@ class SortedBounding:
         self.first_heavy = self._heavy_totals(None)
 
     def _row_columns(self) -> list[pl.Expr]:
-        columns = sorted({q.column for q in self.quantities if q.column is not None})
-        present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in columns]
+        present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns]
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return [*present, *values]
 
@@ -260,8 +260,7 @@ class SortedBounding:
         unit_code = pair_packed >> np.uint64(self.codes.key_bits)
         # Codes are below 2^62, so the UInt64 bits read as Int64 unchanged (np.bincount wants signed).
         key_code = np.bitwise_and(pair_packed, np.uint64((1 << self.codes.key_bits) - 1)).view(np.int64)
-        user_starts = _run_starts(unit_code)
-        per_unit = np.diff(user_starts, append=unit_code.size)
+        user_starts, per_unit = _runs(unit_code)
         heavy = _run_members(user_starts, per_unit, per_unit > self.plan.max_partitions)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         # Light units' totals: all pairs', less the heavy units' (a small share).
@@ -272,8 +271,7 @@ class SortedBounding:
 
     def _pair_sums(self) -> list[pl.Expr]:
         """Per pair: its rows, each value column's non-null rows, each value quantity's total."""
-        columns = sorted({q.column for q in self.quantities if q.column is not None})
-        sums = [pl.col(_present(c)).sum().cast(pl.Int64) for c in columns]
+        sums = [pl.col(_present(c)).sum().cast(pl.Int64) for c in self.value_columns]
         sums += [pl.col(q.id).sum() for q in self.quantities if q.aggregate != "rows"]
         return [pl.len().cast(pl.Int64).alias(ROWS), *sums]
 
@@ -301,8 +299,8 @@ class SortedBounding:
         # One UInt64 sort key: the unit's index among these units on top, the hash's top bits
         # below (a two-column sort costs several times more). Equal keys keep their order, like
         # the general path's ordinal rank; whatever the order, each unit keeps at most L0 pairs.
-        starts = _run_starts(unit_code)
-        index = np.repeat(np.arange(starts.size, dtype=np.uint64), np.diff(starts, append=unit_code.size))
+        starts, lengths = _runs(unit_code)
+        index = np.repeat(np.arange(starts.size, dtype=np.uint64), lengths)
         bits = max(1, starts.size.bit_length())
         order = np.argsort((index << np.uint64(64 - bits)) | (hashes >> np.uint64(bits)), kind="stable")
         return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
@@ -353,14 +351,15 @@ def _present(column: str) -> str:
     return f"__dprun_present_{column}__"
 
 
-def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
-    """Indices where a run of equal values starts in a sorted array."""
+def _runs(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal values starts in a sorted array, and its length."""
     if sorted_values.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     changes = np.empty(sorted_values.size, dtype=bool)
     changes[0] = True
     np.not_equal(sorted_values[1:], sorted_values[:-1], out=changes[1:])
-    return np.flatnonzero(changes)
+    starts = np.flatnonzero(changes)
+    return starts, np.diff(starts, append=sorted_values.size)
 
 
 def _run_members(starts: np.ndarray, lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -372,8 +371,7 @@ def _run_members(starts: np.ndarray, lengths: np.ndarray, chosen: np.ndarray) ->
 
 def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     """0, 1, 2, … within each run of equal values."""
-    starts = _run_starts(sorted_values)
-    lengths = np.diff(starts, append=sorted_values.size)
+    starts, lengths = _runs(sorted_values)
     return np.arange(sorted_values.size) - np.repeat(starts, lengths)
 
 
