@@ -81,9 +81,10 @@ class Codes:
         return pl.when(within).then(code).alias(PACKED)
 
     def key_values(self, codes: np.ndarray) -> pl.Series:
-        values = _values(self.key, codes, self.key_min, self.key_dtype)
-        nulls = np.flatnonzero(codes == self.key_span)
-        return values.scatter(nulls, None) if nulls.size else values
+        nulls = codes == self.key_span
+        # The null code may lie past the key type's range (Int8 keys up to 127): it is decoded as 0, then nulled.
+        values = _values(self.key, np.where(nulls, 0, codes), self.key_min, self.key_dtype)
+        return values.scatter(np.flatnonzero(nulls), None) if nulls.any() else values
 
     def key_codes_of(self, keys: pl.DataFrame) -> np.ndarray:
         codes = (pl.col(self.key).cast(pl.Int128) - pl.lit(self.key_min, dtype=pl.Int128)).fill_null(self.key_span)

@@ -92,15 +92,23 @@ def test_fast_and_general_paths_release_identical_tables(
 def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    frame = heavy_tailed_rows(rng, 800, key_dtype=pl.Int8).with_columns(
+    rows = heavy_tailed_rows(rng, 800, key_dtype=pl.Int8)
+    # Keys at both ends of Int8, so the null key's code (one past the largest) is outside Int8.
+    extremes = rows.head(40).with_columns(pl.Series("key", [127, -128] * 20, dtype=pl.Int8))
+    frame = pl.concat([rows, extremes]).with_columns(
         (pl.col("uid") - pl.col("uid").min() + (2**64 - 10**6)).cast(pl.UInt64).alias("uid"))
     frame.write_parquet(tmp_path / "data.parquet")
-    keys = frame["key"].drop_nulls().unique().sort().to_list()
-    queries = [query("narrow", ["key"], METRICS[:3], l0=3, m=2, partitions={"public": [*keys[:5], 127, -128]})]
-    spec = write_spec(tmp_path, queries, epsilon=20.0)
-    (fast, general), = both_paths(spec, ["narrow"], seed, monkeypatch).values()
+    keys = rows["key"].drop_nulls().unique().sort().to_list()
+    queries = [query("narrow", ["key"], METRICS[:3], l0=3, m=2, partitions={"public": [*keys[:5], 127, -128]}),
+               query("private", ["key"], METRICS[:3], l0=3, m=2, partitions={"selection": "gaussian_threshold"})]
+    spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6)
+    outputs = both_paths(spec, ["narrow", "private"], seed, monkeypatch)
+    fast, general = outputs["narrow"]
     assert fast.schema["key"] == pl.Int8, f"seed={seed}"
     assert fast["key"].to_list() == sorted([*keys[:5], 127, -128]), f"seed={seed}"
+    assert fast.equals(general), f"seed={seed}:\n{fast}\n{general}"
+    fast, general = outputs["private"]
+    assert fast["key"].null_count() == 1, f"seed={seed}: the null key's partition, with hundreds of units, is missing"
     assert fast.equals(general), f"seed={seed}:\n{fast}\n{general}"
 
 
