@@ -93,9 +93,11 @@ def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, m
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     rows = heavy_tailed_rows(rng, 800, key_dtype=pl.Int8)
-    # Keys at both ends of Int8, so the null key's code (one past the largest) is outside Int8.
+    # Keys at both ends of Int8, so the null key's code (one past the largest) is outside Int8,
+    # and a null key for every unit.
     extremes = rows.head(40).with_columns(pl.Series("key", [127, -128] * 20, dtype=pl.Int8))
-    frame = pl.concat([rows, extremes]).with_columns(
+    null_keys = rows.unique("uid").with_columns(pl.lit(None, dtype=pl.Int8).alias("key"))
+    frame = pl.concat([rows, extremes, null_keys]).with_columns(
         (pl.col("uid") - pl.col("uid").min() + (2**64 - 10**6)).cast(pl.UInt64).alias("uid"))
     frame.write_parquet(tmp_path / "data.parquet")
     keys = rows["key"].drop_nulls().unique().sort().to_list()
