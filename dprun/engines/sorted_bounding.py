@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
@@ -47,6 +48,8 @@ R = TypeVar("R")
 SHARD_ROWS = 2**22
 # Per-partition totals are kept in dense arrays indexed by the key's code.
 MAX_KEY_CODES = 2**22
+# Shards bounded at once (`_in_parallel`).
+WORKERS = 3
 PACKED_BITS = 62
 
 
@@ -101,8 +104,9 @@ def _offset(column: str, minimum: int, dtype: pl.DataType) -> pl.Expr:
 
 
 def _values(name: str, codes: np.ndarray, minimum: int, dtype: pl.DataType) -> pl.Series:
-    wide = pl.lit(pl.Series(codes.astype(np.uint64))).cast(pl.Int128) + pl.lit(minimum, dtype=pl.Int128)
-    return pl.select(wide.cast(dtype).alias(name)).to_series()
+    """minimum + codes in the column's type; codes stay within the column's range, so no overflow."""
+    wide = np.uint64 if dtype == pl.UInt64 else np.int64
+    return pl.Series(name, codes.astype(wide) + wide(minimum)).cast(dtype)
 
 
 def packable(plan: QueryPlan, schema: dict[str, pl.DataType], key: str) -> bool:
@@ -169,37 +173,85 @@ def _footer_ranges(info: InputInfo, unit: str, key: str) -> Ranges | None:
 
 @dataclass
 class _Totals:
-    """Per key code: privacy units, and each quantity's exact Int128 sum of partials."""
+    """Per key code: privacy units, and each quantity's exact sum of partials."""
 
     units: np.ndarray
-    sums: dict[str, pl.Series]
+    sums: dict[str, _ExactSums]
 
     @classmethod
     def zeros(cls, size: int, quantity_ids: list[str]) -> _Totals:
-        return cls(np.zeros(size, np.int64), {qid: pl.zeros(size, dtype=pl.Int128, eager=True) for qid in quantity_ids})
+        return cls(np.zeros(size, np.int64), {qid: _ExactSums(size) for qid in quantity_ids})
 
     def add(self, keys: np.ndarray, partials: dict[str, np.ndarray], sign: int = 1) -> None:
         """Add (or with sign −1, take away) these pairs."""
-        size = self.units.size
-        counts = np.bincount(keys, minlength=size) * sign
-        self.units += counts
+        pairs = np.bincount(keys, minlength=self.units.size)
+        if sign < 0:
+            np.negative(pairs, out=pairs)
+        self.units += pairs
         for qid, values in partials.items():
-            # A partial of one row per pair (e.g. a count with max_contributions_per_partition 1) sums to the pair count.
-            all_ones = values.size > 0 and values.min() == 1 and values.max() == 1
-            per_key = pl.Series(counts).cast(pl.Int128) if all_ones else _exact_bincount(keys, values * sign, size)
-            self.sums[qid] = self.sums[qid] + per_key
+            self.sums[qid].add(keys, values, pairs, sign)
 
     def merge(self, other: _Totals) -> None:
         self.units += other.units
         for qid, sums in other.sums.items():
-            self.sums[qid] = self.sums[qid] + sums
+            self.sums[qid].merge(sums)
 
     def column(self, qid: str, rows: np.ndarray) -> pl.Series:
-        return self.sums[qid].gather(rows).alias(qid)
+        return self.sums[qid].total().gather(rows).alias(qid)
+
+
+class _ExactSums:
+    """Σ of int64 values per key code, exact, at np.bincount's speed (a hash group-by is several times slower).
+
+    Sums stay in int64 while a bound on them (`reach`, the sum of |values| added) proves they
+    fit, and are carried into Int128 beyond; np.bincount adds in float64, so it is used only
+    where every partial sum stays below 2^53 (else `_exact_bincount` splits the values).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.small = np.zeros(size, np.int64)
+        self.reach = 0
+        self.wide: pl.Series | None = None
+
+    def add(self, keys: np.ndarray, values: np.ndarray, pairs: np.ndarray, sign: int) -> None:
+        """Add (or with sign −1, take away) each value to its key's sum; `pairs` is sign · np.bincount(keys)."""
+        if values.size == 0:
+            return
+        low, high = int(values.min()), int(values.max())
+        reach = max(-low, high) * values.size
+        if reach >= 2**53:
+            self._add_wide(_exact_bincount(keys, values if sign > 0 else -values, self.small.size))
+        elif low == high == 1:
+            # A partial of one row per pair (e.g. a count with max_contributions_per_partition 1) sums to the pair count.
+            self._add_small(pairs, reach)
+        else:
+            sums = np.bincount(keys, weights=values.astype(np.float64), minlength=self.small.size).astype(np.int64)
+            if sign < 0:
+                np.negative(sums, out=sums)
+            self._add_small(sums, reach)
+
+    def merge(self, other: _ExactSums) -> None:
+        self._add_small(other.small, other.reach)
+        if other.wide is not None:
+            self._add_wide(other.wide)
+
+    def total(self) -> pl.Series:
+        small = pl.Series(self.small).cast(pl.Int128)
+        return small if self.wide is None else small + self.wide
+
+    def _add_small(self, sums: np.ndarray, reach: int) -> None:
+        if self.reach + reach >= 2**63:
+            self._add_wide(pl.Series(self.small).cast(pl.Int128))
+            self.small, self.reach = np.zeros_like(self.small), 0
+        self.small += sums
+        self.reach += reach
+
+    def _add_wide(self, sums: pl.Series) -> None:
+        self.wide = sums if self.wide is None else self.wide + sums
 
 
 def _exact_bincount(keys: np.ndarray, values: np.ndarray, size: int) -> pl.Series:
-    """Σ values per key, exactly, at np.bincount's speed (a hash group-by is several times slower).
+    """Σ values per key, exactly, for values whose sums may pass 2^53.
 
     np.bincount adds in float64, exact below 2^53: the values are cut into parts of
     `bits` bits such that n parts of that size cannot reach 2^53, and recombined in Int128.
@@ -229,60 +281,53 @@ class SortedBounding:
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
         ids = [q.id for q in self.quantities]
         self.light = _Totals.zeros(codes.key_codes, ids)
+        self.first_heavy = _Totals.zeros(codes.key_codes, ids)
         self.heavy_files: list[Path] = []
         self.chosen: np.ndarray | None = None
         self.rebound = False
         frame = rows.select(codes.packed(), *self._row_columns())
         loads = _shards(frame, codes, seed, workdir)
-        for index, (light, heavy) in enumerate(_two_at_a_time(self._bound_shard, loads)):
+        for index, (light, first_heavy, heavy) in enumerate(_in_parallel(self._bound_shard, loads)):
             self.light.merge(light)
+            self.first_heavy.merge(first_heavy)
             if heavy.height:
                 path = workdir / f"heavy-{index}.arrow"
                 heavy.write_ipc(path, compression="uncompressed")
                 self.heavy_files.append(path)
-        self.first_heavy = self._heavy_totals(None)
 
     def _row_columns(self) -> list[pl.Expr]:
         present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns]
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return [*present, *values]
 
-    def _bound_shard(self, load: Callable[[], pl.DataFrame]) -> tuple[_Totals, pl.DataFrame]:
-        """A shard's light units' totals per key, and its heavy units' pairs, ranked."""
-        shard = load()
-        if shard[PACKED].null_count():
-            raise DataError("a Parquet footer's statistics do not match the file's data; rewrite the file")
-        # On a sorted column Polars groups by slicing runs: no hashing.
-        pairs = shard.sort(PACKED).group_by(PACKED, maintain_order=True).agg(self._pair_sums())
-        del shard
-        pair_packed = pairs[PACKED].to_numpy()
+    def _bound_shard(self, load: Callable[[], pa.Table]) -> tuple[_Totals, _Totals, pl.DataFrame]:
+        """A shard's totals per key of its light units and of its heavy units' first bounding,
+        and its heavy units' pairs, ranked."""
+        pairs = _pair_sums(load())
+        pair_packed = pairs.pop(PACKED)
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
         unit_code = pair_packed >> np.uint64(self.codes.key_bits)
         # Codes are below 2^62, so the UInt64 bits read as Int64 unchanged (np.bincount wants signed).
         key_code = np.bitwise_and(pair_packed, np.uint64((1 << self.codes.key_bits) - 1)).view(np.int64)
         user_starts, per_unit = _runs(unit_code)
-        heavy = _run_members(user_starts, per_unit, per_unit > self.plan.max_partitions)
-        heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
+        is_heavy = per_unit > self.plan.max_partitions
         # Light units' totals: all pairs', less the heavy units' (a small share).
         light = _Totals.zeros(self.codes.key_codes, list(partials))
         light.add(key_code, partials)
+        heavy = _run_members(user_starts, per_unit, is_heavy)
+        heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         light.add(key_code[heavy], heavy_partials, sign=-1)
-        return light, self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
+        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
+        return light, self._kept_totals(ranked, None), ranked
 
-    def _pair_sums(self) -> list[pl.Expr]:
-        """Per pair: its rows, each value column's non-null rows, each value quantity's total."""
-        sums = [pl.col(_present(c)).sum().cast(pl.Int64) for c in self.value_columns]
-        sums += [pl.col(q.id).sum() for q in self.quantities if q.aggregate != "rows"]
-        return [pl.len().cast(pl.Int64).alias(ROWS), *sums]
-
-    def _partial(self, quantity: Quantity, pairs: pl.DataFrame) -> np.ndarray:
+    def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth, exactly as the general path."""
         m = self.plan.max_rows
-        present = pairs[ROWS if quantity.column is None else _present(quantity.column)].to_numpy()
+        present = pairs[ROWS if quantity.column is None else _present(quantity.column)]
         if quantity.aggregate == "rows":
             return np.minimum(present, m)
-        total = pairs[quantity.id].to_numpy()
+        total = pairs[quantity.id]
         over = present > m
         if not over.any():
             return total
@@ -307,16 +352,24 @@ class SortedBounding:
         return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
                              **{qid: values[order] for qid, values in partials.items()}})
 
-    def _heavy_totals(self, chosen: np.ndarray | None) -> _Totals:
-        """Heavy units' pairs per key: each unit's L0 first-ranked pairs, among the chosen keys
+    def _kept_totals(self, ranked: pl.DataFrame, chosen: np.ndarray | None) -> _Totals:
+        """Ranked heavy pairs per key: each unit's L0 first-ranked pairs, among the chosen keys
         only if given (Plume's second bounding)."""
         totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
-        for path in self.heavy_files:
-            pairs = pl.read_ipc(path)
-            keys = pairs["key"].to_numpy()
-            candidates = np.flatnonzero(chosen[keys]) if chosen is not None else np.arange(pairs.height)
-            kept = candidates[_rank_within_runs(pairs["unit"].to_numpy()[candidates]) < self.plan.max_partitions]
-            totals.add(keys[kept], {q.id: pairs[q.id].to_numpy()[kept] for q in self.quantities})
+        if ranked.height == 0:
+            return totals
+        keys = ranked["key"].to_numpy()
+        candidates = np.flatnonzero(chosen[keys]) if chosen is not None else np.arange(ranked.height)
+        kept = candidates[_rank_within_runs(ranked["unit"].to_numpy()[candidates]) < self.plan.max_partitions]
+        totals.add(keys[kept], {q.id: ranked[q.id].to_numpy()[kept] for q in self.quantities})
+        return totals
+
+    def _rebound_heavy(self) -> _Totals:
+        """Plume's second bounding of the heavy units, among the chosen keys."""
+        totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
+        files = [partial(pl.read_ipc, path) for path in self.heavy_files]
+        for shard in _in_parallel(lambda read: self._kept_totals(read(), self.chosen), files):
+            totals.merge(shard)
         return totals
 
     def unit_counts(self) -> pl.DataFrame:
@@ -333,7 +386,7 @@ class SortedBounding:
 
     def partition_sums(self) -> pl.DataFrame:
         """col : (key, units, exact Int128 sum per quantity) for keys with at least one unit."""
-        heavy = self._heavy_totals(self.chosen) if self.rebound else self.first_heavy
+        heavy = self._rebound_heavy() if self.rebound else self.first_heavy
         units = self.light.units + heavy.units
         if self.chosen is not None:
             units = np.where(self.chosen, units, 0)
@@ -348,6 +401,35 @@ class SortedBounding:
         return pl.DataFrame(columns)
 
 
+def _pair_sums(shard: pa.Table) -> dict[str, np.ndarray]:
+    """Per (unit, partition) pair, in packed order: its code, its rows, and the sum of every other column.
+
+    A pair's rows are a run in the sorted codes, so np.add.reduceat sums them (no hashing).
+    """
+    if shard.column(PACKED).null_count:
+        raise DataError("a Parquet footer's statistics do not match the file's data; rewrite the file")
+    if shard.num_rows >= 2**32:
+        # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
+        raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
+                        " split the input")
+    packed = shard.column(PACKED).to_numpy()
+    others = [column for column in shard.column_names if column != PACKED]
+    order = np.argsort(packed) if others else None
+    if order is not None:
+        packed = packed[order]
+    elif packed.flags.writeable:
+        # A fresh copy (the shard had several record batches): sorting in place saves 8 bytes a row.
+        packed.sort()
+    else:
+        packed = np.sort(packed)
+    starts, rows = _runs(packed)
+    pairs = {PACKED: packed[starts], ROWS: rows}
+    for column in others:
+        values = shard.column(column).to_numpy()[order]
+        pairs[column] = np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
+    return pairs
+
+
 def _present(column: str) -> str:
     return f"__dprun_present_{column}__"
 
@@ -360,7 +442,11 @@ def _runs(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     changes[0] = True
     np.not_equal(sorted_values[1:], sorted_values[:-1], out=changes[1:])
     starts = np.flatnonzero(changes)
-    return starts, np.diff(starts, append=sorted_values.size)
+    # Not np.diff(append=…): it copies the array first, several times slower on millions of runs.
+    lengths = np.empty_like(starts)
+    np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+    lengths[-1] = sorted_values.size - starts[-1]
+    return starts, lengths
 
 
 def _run_members(starts: np.ndarray, lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -376,11 +462,11 @@ def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     return np.arange(sorted_values.size) - np.repeat(starts, lengths)
 
 
-def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list[Callable[[], pl.DataFrame]]:
+def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list[Callable[[], pa.Table]]:
     """Loaders of the packed rows in shards of whole units, each small enough to sort in memory."""
     count = max(1, math.ceil(codes.rows / SHARD_ROWS))
     if count == 1:
-        return [lambda: collect(frame)]
+        return [lambda: collect(frame).to_arrow()]
     folder = workdir / "packed"
     shard_of_unit = (pl.col(PACKED) // (1 << codes.key_bits)).hash(seed) % count
     sink(frame.with_columns(shard_of_unit.alias("__dprun_shard__")),
@@ -389,24 +475,26 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
     return [partial(_load, files) for files in shards if files]
 
 
-def _load(files: list[Path]) -> pl.DataFrame:
-    """A shard's rows; its files are removed at once (deleting hundreds of MB takes a while)."""
-    shard = collect(pl.scan_ipc(files))
+def _load(files: list[Path]) -> pa.Table:
+    """A shard's rows, memory-mapped (pyarrow reads Arrow files without a copy, unlike Polars);
+    the files are removed as soon as they are read (deleting hundreds of MB at the end takes a while)."""
+    shard = pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(file))).read_all() for file in files)
     for file in files:
         file.unlink()
     return shard
 
 
-def _two_at_a_time(work: Callable[[T], R], items: list[T]) -> Iterator[R]:
-    """work(item) for each item, in order, two running at once.
+def _in_parallel(work: Callable[[T], R], items: list[T]) -> Iterator[R]:
+    """work(item) for each item, in order, WORKERS running at once.
 
-    Sorting and numpy release the GIL, so two shards keep both cores busy; only two
-    shards are held in memory at a time."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    Sorting and numpy release the GIL, so shards keep the cores busy; a worker more than
+    two cores runs while the others hold the GIL or wait on a file. Only WORKERS shards
+    are held in memory at a time."""
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
             pending.append(pool.submit(work, item))
-            if len(pending) == 2:
+            if len(pending) == WORKERS:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()

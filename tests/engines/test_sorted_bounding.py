@@ -154,3 +154,27 @@ def test_exact_bincount_matches_python_integers(scale: int) -> None:
         expected[key] += value
     got = sorted_bounding._exact_bincount(keys, values, 50).to_list()
     assert got == expected, f"seed={seed}: per-key sums differ"
+
+
+def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
+    """Sums of two keys that pass 2^63 (so int64 must be carried into Int128), with take-aways,
+    values large enough to need splitting, pair counts, and two accumulators merged."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    halves = [sorted_bounding._ExactSums(2), sorted_bounding._ExactSums(2)]
+    expected = [0, 0]
+    for step in range(8000):
+        keys = rng.integers(0, 2, 127)
+        if step % 11 == 0:
+            values = np.ones(keys.size, np.int64)  # the pair-count shortcut
+        elif step % 7 == 0:
+            values = rng.integers(2**49, 2**50, keys.size)  # sums past 2^53: split into parts
+        else:
+            values = rng.integers(2**45, 2**46, keys.size)  # each add's bound just under 2^53
+        sign = -1 if step % 10 == 0 else 1
+        halves[step % 2].add(keys, values, sign * np.bincount(keys, minlength=2), sign)
+        for key, value in zip(keys.tolist(), values.tolist(), strict=True):
+            expected[key] += sign * value
+    assert min(expected) > 2**64, f"seed={seed}: each accumulator's sums must pass int64 for the test to mean anything"
+    halves[0].merge(halves[1])
+    assert halves[0].total().to_list() == expected, f"seed={seed}: per-key sums differ"
