@@ -495,7 +495,7 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 
 def _keep_freed_memory() -> None:
     """Have glibc's malloc keep freed memory for reuse: one arena, freed memory kept up to
-    1 GiB, arrays below 32 MiB from the heap.
+    256 MiB, arrays below 32 MiB from the heap.
 
     Each shard allocates and frees arrays of tens of MB. By default glibc gives them back to
     the system at once and the next shard faults them in again: about a second of kernel
@@ -508,7 +508,7 @@ def _keep_freed_memory() -> None:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return
-    for option, value in ((M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**30), (M_TOP_PAD, 2**27), (M_MMAP_THRESHOLD, 2**25)):
+    for option, value in ((M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**28), (M_TOP_PAD, 2**26), (M_MMAP_THRESHOLD, 2**25)):
         mallopt(option, value)
 
 
