@@ -49,7 +49,8 @@ R = TypeVar("R")
 SHARD_ROWS = 2**22
 # Per-partition totals are kept in dense arrays indexed by the key's code.
 MAX_KEY_CODES = 2**22
-# Shards bounded at once (`_in_parallel`).
+# Shards bounded at once (`_in_parallel`); each holds a few hundred MB at SHARD_ROWS,
+# so memory, not the core count, sets it.
 WORKERS = 3
 PACKED_BITS = 62
 
@@ -515,9 +516,9 @@ def _keep_freed_memory() -> None:
 def _in_parallel(work: Callable[[T], R], items: list[T]) -> Iterator[R]:
     """work(item) for each item, in order, WORKERS running at once.
 
-    Sorting and numpy release the GIL, so shards keep the cores busy; a worker more than
-    two cores runs while the others hold the GIL or wait on a file. Only WORKERS shards
-    are held in memory at a time."""
+    Sorting and numpy release the GIL, so shards keep the cores busy; on two cores a third
+    worker runs while the others hold the GIL or wait on a file. Only WORKERS shards are
+    held in memory at a time."""
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
