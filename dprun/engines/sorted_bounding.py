@@ -288,7 +288,9 @@ class SortedBounding:
         self.chosen: np.ndarray | None = None
         self.rebound = False
         _keep_freed_memory()
-        frame = rows.select(codes.packed(), *self._row_columns())
+        # Value columns go to the shards as they are; their integer units are computed per
+        # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
+        frame = rows.select(codes.packed(), *self.value_columns)
         loads = _shards(frame, codes, seed, workdir)
         work = [partial(self._bound_shard, load, workdir / f"heavy-{index}.arrow") for index, load in enumerate(loads)]
         for light, first_heavy, heavy_file in _in_parallel(lambda bound: bound(), work):
@@ -297,15 +299,18 @@ class SortedBounding:
             if heavy_file is not None:
                 self.heavy_files.append(heavy_file)
 
-    def _row_columns(self) -> list[pl.Expr]:
+    def _row_values(self, shard: pl.DataFrame) -> pl.DataFrame:
+        """A shard's packed codes, each value column's non-null flag, each value quantity's units."""
+        if not self.value_columns:
+            return shard
         present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns]
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
-        return [*present, *values]
+        return shard.select(PACKED, *present, *values)
 
-    def _bound_shard(self, load: Callable[[], pa.Table], heavy_file: Path) -> tuple[_Totals, _Totals, Path | None]:
+    def _bound_shard(self, load: Callable[[], pl.DataFrame], heavy_file: Path) -> tuple[_Totals, _Totals, Path | None]:
         """A shard's totals per key of its light units and of its heavy units' first bounding;
         its heavy units' pairs, ranked, go to `heavy_file` (None if it has no heavy unit)."""
-        pairs = _pair_sums(load())
+        pairs = _pair_sums(self._row_values(load()))
         pair_packed = pairs.pop(PACKED)
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
@@ -407,19 +412,19 @@ class SortedBounding:
         return pl.DataFrame(columns)
 
 
-def _pair_sums(shard: pa.Table) -> dict[str, np.ndarray]:
+def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
     """Per (unit, partition) pair, in packed order: its code, its rows, and the sum of every other column.
 
     A pair's rows are a run in the sorted codes, so np.add.reduceat sums them (no hashing).
     """
-    if shard.column(PACKED).null_count:
+    if shard[PACKED].null_count():
         raise DataError("a Parquet footer's statistics do not match the file's data; rewrite the file")
-    if shard.num_rows >= 2**32:
+    if shard.height >= 2**32:
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
                         " split the input")
-    packed = shard.column(PACKED).to_numpy()
-    others = [column for column in shard.column_names if column != PACKED]
+    packed = shard[PACKED].to_numpy()
+    others = [column for column in shard.columns if column != PACKED]
     order = np.argsort(packed) if others else None
     if order is not None:
         packed = packed[order]
@@ -431,7 +436,7 @@ def _pair_sums(shard: pa.Table) -> dict[str, np.ndarray]:
     starts, rows = _runs(packed)
     pairs = {PACKED: packed[starts], ROWS: rows}
     for column in others:
-        values = shard.column(column).to_numpy()[order]
+        values = shard[column].to_numpy()[order]
         pairs[column] = np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
     return pairs
 
@@ -468,11 +473,11 @@ def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     return np.arange(sorted_values.size) - np.repeat(starts, lengths)
 
 
-def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list[Callable[[], pa.Table]]:
+def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list[Callable[[], pl.DataFrame]]:
     """Loaders of the packed rows in shards of whole units, each small enough to sort in memory."""
     count = max(1, math.ceil(codes.rows / SHARD_ROWS))
     if count == 1:
-        return [lambda: collect(frame).to_arrow()]
+        return [lambda: collect(frame)]
     folder = workdir / "packed"
     shard_of_unit = (pl.col(PACKED) // (1 << codes.key_bits)).hash(seed) % count
     sink(frame.with_columns(shard_of_unit.alias("__dprun_shard__")),
@@ -481,10 +486,13 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
     return [partial(_load, files) for files in shards if files]
 
 
-def _load(files: list[Path]) -> pa.Table:
+def _load(files: list[Path]) -> pl.DataFrame:
     """A shard's rows, memory-mapped (pyarrow reads Arrow files without a copy, unlike Polars);
     the files are removed as soon as they are read (deleting hundreds of MB at the end takes a while)."""
-    shard = pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(file))).read_all() for file in files)
+    # Not rechunked: numpy then gets a fresh, writable copy of each column, which it can sort in place.
+    shard = pl.from_arrow(pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(file))).read_all() for file in files),
+                          rechunk=False)
+    assert isinstance(shard, pl.DataFrame)
     for file in files:
         file.unlink()
     return shard
