@@ -378,9 +378,8 @@ class SortedBounding:
     def _rebound_heavy(self) -> _Totals:
         """Plume's second bounding of the heavy units, among the chosen keys."""
         totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
-        files = [partial(pl.read_ipc, path) for path in self.heavy_files]
-        for shard in _in_parallel(lambda read: self._kept_totals(read(), self.chosen), files):
-            totals.merge(shard)
+        for path in self.heavy_files:
+            totals.merge(self._kept_totals(pl.read_ipc(path), self.chosen))
         return totals
 
     def unit_counts(self) -> pl.DataFrame:
