@@ -43,7 +43,6 @@ from dprun.spec.input_schema import InputInfo
 
 PACKED = "__dprun_packed__"
 ROWS = "__dprun_rows__"
-T = TypeVar("T")
 R = TypeVar("R")
 # Rows sorted in memory at once: ~8 bytes per row and per value column, cache-friendly.
 SHARD_ROWS = 2**22
@@ -293,7 +292,7 @@ class SortedBounding:
         frame = rows.select(codes.packed(), *self.value_columns)
         loads = _shards(frame, codes, seed, workdir)
         work = [partial(self._bound_shard, load, workdir / f"heavy-{index}.arrow") for index, load in enumerate(loads)]
-        for light, first_heavy, heavy_file in _in_parallel(lambda bound: bound(), work):
+        for light, first_heavy, heavy_file in _in_parallel(work):
             self.light.merge(light)
             self.first_heavy.merge(first_heavy)
             if heavy_file is not None:
@@ -520,16 +519,16 @@ def _keep_freed_memory() -> None:
         mallopt(option, value)
 
 
-def _in_parallel(work: Callable[[T], R], items: list[T]) -> Iterator[R]:
-    """work(item) for each item, in order, WORKERS running at once.
+def _in_parallel(tasks: list[Callable[[], R]]) -> Iterator[R]:
+    """Each task's result, in order, WORKERS tasks running at once.
 
     Sorting and numpy release the GIL, so shards keep the cores busy; on two cores a third
     worker runs while the others hold the GIL or wait on a file. Only WORKERS shards are
     held in memory at a time."""
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         pending: deque[Future[R]] = deque()
-        for item in items:
-            pending.append(pool.submit(work, item))
+        for task in tasks:
+            pending.append(pool.submit(task))
             if len(pending) == WORKERS:
                 yield pending.popleft().result()
         while pending:
