@@ -11,7 +11,7 @@ is split in two steps (docs/mechanisms.md, "Budget"):
 
 Under `accounting: basic` the guarantees add up (seed 002, Prop. 5). Under `pld` the
 planner then shrinks every noise scale by the one factor that keeps the tight
-composition (dp-accounting's privacy loss distributions) within the budget.
+composition (privacy loss distributions, `accounting.pld_epsilon`) within the budget.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Two accountants:
 * `pld_epsilon`: tight composition of the actual noise distributions with
   privacy loss distributions (dp_accounting.pld; Koskela et al., Doroshenko et
   al. 2022 "Connect the dots"), the route seed 000_736e36a23e4efb62.txt
-  ("Gaussian noise") points to for many Gaussian mechanisms. All PLDs are
+  ("Gaussian noise") points to for many Gaussian mechanisms; Gaussian noise
+  with few other losses in closed form (`closed_form_pld`). All PLDs are
   pessimistic, so the ε they give is an upper bound.
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 if TYPE_CHECKING:
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+from dprun.mechanisms import closed_form_pld
 from dprun.mechanisms.calibration import gaussian_epsilon
 
 # Privacy-loss grid of the PLDs, relative to the largest standalone ε of the
@@ -111,23 +113,51 @@ def compose_basic(parts: list[tuple[float, float]]) -> tuple[float, float]:
 def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float = RELATIVE_DISCRETIZATION) -> float:
     """Upper bound on the ε of all `costs` composed, at total `delta`, by PLD accounting.
 
-    PLDs: discrete Laplace with an integer sensitivity exactly (`_discrete_laplace_pld`);
-    discrete Laplace with a non-integer sensitivity as a generic pure
-    (Δ1/t)-DP mechanism (the worst case for that ε, randomized response;
-    the continuous Laplace PLD is not an upper bound for discrete noise);
-    Gaussian noise with the continuous Gaussian PLD (dp_accounting
-    `from_gaussian_mechanism`) at the same σ and L2 sensitivity, which
-    describes a discrete Gaussian only on a lattice fine relative to σ (as in
-    `dprun.mechanisms.noise`; on the integers with σ of a few units, the
-    discrete Gaussian's δ can be several percent higher);
-    ApproxCost as the worst case for its (ε, δ) (`from_privacy_parameters`).
-    Everything is pessimistic. Returns 0 for no costs.
+    PLDs: discrete Laplace with an integer sensitivity exactly, its losses
+    rounded up to the grid (`_discrete_laplace_masses`); discrete Laplace with a
+    non-integer sensitivity as a generic pure (Δ1/t)-DP mechanism (the worst
+    case for that ε, randomized response; the continuous Laplace PLD is not an
+    upper bound for discrete noise); Gaussian noise as the continuous Gaussian
+    at the same σ and L2 sensitivity, which describes a discrete Gaussian only
+    on a lattice fine relative to σ (as in `dprun.mechanisms.noise`; on the
+    integers with σ of a few units, the discrete Gaussian's δ can be several
+    percent higher); ApproxCost as the worst case for its (ε, δ).
+
+    Gaussian noise with few other losses (every plan `auto` makes for counts) is
+    composed in closed form (`closed_form_pld`), exactly for the Gaussians; the
+    rest with dp_accounting's PLDs (`_dp_accounting_epsilon`). Everything is
+    pessimistic. Returns 0 for no costs.
     """
     if not costs:
         return 0.0
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     interval = _discretization(costs, delta, relative_discretization)
+    closed = _closed_form_epsilon(costs, delta, interval)
+    return closed if closed is not None else _dp_accounting_epsilon(costs, delta, interval)
+
+
+def _closed_form_epsilon(costs: list[Cost], delta: float, interval: float) -> float | None:
+    """The composition's ε in closed form, or None if its discrete losses are too many."""
+    gaussians = [(c.parameter, c.sensitivity) for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian"]
+    discrete = closed_form_pld.compose_discrete(
+        [_discrete_loss(c, interval) for c in costs if not (isinstance(c, NoiseCost) and c.noise == "gaussian")])
+    if discrete is None:
+        return None
+    return closed_form_pld.epsilon_for_delta(closed_form_pld.gaussian_mu(gaussians), discrete, delta)
+
+
+def _discrete_loss(cost: Cost, interval: float) -> closed_form_pld.DiscreteLoss:
+    if isinstance(cost, ApproxCost):
+        return closed_form_pld.DiscreteLoss.worst_case(cost.epsilon, cost.delta)
+    if not float(cost.sensitivity).is_integer():
+        return closed_form_pld.DiscreteLoss.worst_case(cost.sensitivity / cost.parameter, 0.0)
+    masses = _discrete_laplace_masses(cost.parameter, int(cost.sensitivity), interval)
+    return closed_form_pld.DiscreteLoss(np.array(list(masses), dtype=np.float64) * interval,
+                                        np.array(list(masses.values())), 0.0)
+
+
+def _dp_accounting_epsilon(costs: list[Cost], delta: float, interval: float) -> float:
     composed: pld.PrivacyLossDistribution | None = None
     for cost, count in Counter(costs).items():
         single = _cost_pld(cost, interval)
@@ -201,7 +231,8 @@ def _discretization(costs: list[Cost], delta: float, relative: float) -> float:
 
 
 def _cost_pld(cost: Cost, interval: float) -> pld.PrivacyLossDistribution:
-    # Imported here: dp_accounting pulls in scipy.signal (over a second), which only tight accounting needs.
+    # Imported here: dp_accounting pulls in scipy.signal and scipy.stats (over a second), which
+    # only compositions the closed form does not cover need.
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pld
     if isinstance(cost, ApproxCost):
@@ -226,7 +257,17 @@ def _cost_pld(cost: Cost, interval: float) -> pld.PrivacyLossDistribution:
 
 
 def _discrete_laplace_pld(t: float, sensitivity: int, interval: float) -> pld.PrivacyLossDistribution:
-    """Pessimistic PLD of f + X, X with P(x) ∝ e^{-a|x|} (a = 1/t), integer sensitivity Δ.
+    """Pessimistic PLD of f + X, X with P(x) ∝ e^{-a|x|} (a = 1/t), integer sensitivity Δ."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    return pld.PrivacyLossDistribution.create_from_rounded_probability(
+        _discrete_laplace_masses(t, sensitivity, interval), infinity_mass=0.0,
+        value_discretization_interval=interval, pessimistic_estimate=True,
+    )
+
+
+def _discrete_laplace_masses(t: float, sensitivity: int, interval: float) -> dict[int, float]:
+    """The PLD of discrete Laplace noise (above) as {loss in grid steps, rounded up: mass}.
 
     The same privacy-buckets construction as dp_accounting's
     `from_discrete_laplace_mechanism`, which enumerates every x in [0, Δ] and so
@@ -239,8 +280,6 @@ def _discrete_laplace_pld(t: float, sensitivity: int, interval: float) -> pld.Pr
     relative) of a grid point may land on either side of it, as in
     dp_accounting. The PLD is the same for adding and removing a unit.
     """
-    from dp_accounting.pld import privacy_loss_distribution as pld
-
     a = 1.0 / t
     log1p_p = math.log1p(math.exp(-a))
     masses: dict[int, float] = {
@@ -267,6 +306,4 @@ def _discrete_laplace_pld(t: float, sensitivity: int, interval: float) -> pld.Pr
         run_mass = np.exp(-a * starts - log1p_p) * -np.expm1(-a * (ends - starts))
         for bucket, mass in zip(buckets.tolist(), run_mass.tolist(), strict=True):
             masses[bucket] = masses.get(bucket, 0.0) + mass
-    return pld.PrivacyLossDistribution.create_from_rounded_probability(
-        masses, infinity_mass=0.0, value_discretization_interval=interval, pessimistic_estimate=True
-    )
+    return masses
