@@ -130,12 +130,18 @@ def test_ranges_too_wide_to_pack_fall_back_to_the_general_path(tmp_path: Path) -
     assert codes is not None and (codes.unit_min, codes.unit_max, codes.key_min, codes.key_span) == (5, 9, 3, 1)
 
 
-def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("uid", "key", "uid_type"), [
+    ([1, 2, 3, 40], [1, 1, 2, 2], pl.Int64),  # a unit above the range
+    ([0, 2, 3, 2], [1, 1, 2, 2], pl.UInt64),  # a unit below it, whose offset wraps around in UInt64
+    ([2**64 - 1, 2, 3, 2], [1, 1, 2, 2], pl.UInt64),
+    ([1, 2, 3, 2], [-(2**63), 1, 2, 2], pl.Int64),  # a key whose offset overflows Int64
+    ([1, 2, 3, 2], [1, 1, 2, 2**62], pl.Int64),  # a key that would carry into the unit's bits
+])
+def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, uid: list[int], key: list[int],
+                                                     uid_type: pl.DataType) -> None:
     """Parquet statistics are trusted only as far as every row is checked against them."""
-    frame = pl.DataFrame({"uid": [1, 2, 3, 40], "key": [1, 1, 2, 2]})
-    codes = codes_of(frame, tmp_path)
-    assert codes is not None
-    lying = sorted_bounding.Codes("uid", 1, 3, pl.Int64, "key", 1, 2, pl.Int64, codes.key_bits, 4)
+    frame = pl.DataFrame({"uid": uid, "key": key}, schema={"uid": uid_type, "key": pl.Int64})
+    lying = sorted_bounding.Codes("uid", 1, 3, uid_type, "key", 1, 2, pl.Int64, 2, 4)
     pl.DataFrame({"uid": [1], "key": [1]}).write_parquet(tmp_path / "data.parquet")
     spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1], partitions={"public": [1, 2]})], epsilon=1.0)
     plan = api.plan(api.validate(spec)).queries[0]
