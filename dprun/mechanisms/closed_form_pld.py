@@ -51,12 +51,15 @@ class DiscreteLoss:
     def worst_case(cls, epsilon: float, delta: float) -> DiscreteLoss:
         """The worst (ε, δ)-DP mechanism: loss ±ε as randomized response, +∞ with mass δ."""
         kept = 1.0 - delta
+        if epsilon == 0.0:
+            return cls(np.zeros(1), np.array([kept]), delta)
         return cls(np.array([epsilon, -epsilon]),
                    np.array([kept / (1.0 + math.exp(-epsilon)), kept / (1.0 + math.exp(epsilon))]), delta)
 
     def compose(self, other: DiscreteLoss) -> DiscreteLoss:
-        return DiscreteLoss(np.add.outer(self.losses, other.losses).ravel(),
-                            np.multiply.outer(self.masses, other.masses).ravel(),
+        # Equal losses are merged, so that composing many costs on one grid stays small.
+        losses, where = np.unique(np.add.outer(self.losses, other.losses).ravel(), return_inverse=True)
+        return DiscreteLoss(losses, np.bincount(where, weights=np.multiply.outer(self.masses, other.masses).ravel()),
                             # 1 − (1 − a)(1 − b), in a form exact to a few ulps of δ, not of 1.
                             self.infinity + other.infinity - self.infinity * other.infinity)
 

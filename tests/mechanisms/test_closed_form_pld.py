@@ -97,6 +97,15 @@ def test_worst_case_alone_gives_back_its_epsilon() -> None:
         1e-7 + (1 - 1e-7) * delta_for_epsilon(mu, DiscreteLoss.none(), 1.0), rel=1e-12)
 
 
+def test_many_selections_pure_deltas_stay_in_closed_form() -> None:
+    # A spec of many queries has one threshold δ each; equal losses merge, so they compose in closed form.
+    costs: list[Cost] = [NoiseCost("gaussian", 4.0 + j, 2.0) for j in range(3)] + [ApproxCost(0.0, 1e-8)] * 20
+    closed = accounting._closed_form_epsilon(costs, 1e-5, INTERVAL)
+    assert closed is not None
+    assert optimistic_epsilon(costs, 1e-5) * (1 - 1e-6) <= closed <= accounting._dp_accounting_epsilon(
+        costs, 1e-5, INTERVAL) * (1 + 1e-6)
+
+
 def test_too_many_discrete_losses_go_to_dp_accounting() -> None:
     big = NoiseCost("laplace", 2**30 / 0.1, float(2**30))
     assert accounting._closed_form_epsilon([big, big, big], 1e-6, 1e-3) is None
