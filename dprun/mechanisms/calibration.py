@@ -11,6 +11,7 @@ Algorithm 1) is Theorem 16 of seed 000_736e36a23e4efb62.txt."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from scipy.special import log_ndtr
 
@@ -21,7 +22,7 @@ _RELATIVE_TOLERANCE = 1e-12
 # `gaussian_delta` loses up to ~1e-8 of relative precision when ε is tiny and δ
 # is small (its two log-CDF terms nearly cancel); calibrating against a target
 # this much below δ keeps the true δ(σ) under the requested δ despite that.
-_DELTA_SAFETY = 1e-6
+DELTA_SAFETY = 1e-6
 
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
@@ -79,7 +80,7 @@ def analytic_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float)
     if delta >= 1.0:
         raise ValueError(f"delta must be < 1, got {delta!r}")
 
-    target = delta * (1.0 - _DELTA_SAFETY)
+    target = delta * (1.0 - DELTA_SAFETY)
 
     def satisfies(sigma: float) -> bool:
         return gaussian_delta(sigma, l2_sensitivity, epsilon) <= target
@@ -116,11 +117,14 @@ def gaussian_epsilon(sigma: float, l2_sensitivity: float, delta: float) -> float
     _require_positive(sigma=sigma, l2_sensitivity=l2_sensitivity)
     if delta <= 0:
         return math.inf
-    target = delta * (1.0 - _DELTA_SAFETY)
+    target = delta * (1.0 - DELTA_SAFETY)
+    return smallest_epsilon(lambda epsilon: gaussian_delta(sigma, l2_sensitivity, epsilon) <= target)
 
-    def satisfies(epsilon: float) -> bool:
-        return gaussian_delta(sigma, l2_sensitivity, epsilon) <= target
 
+def smallest_epsilon(satisfies: Callable[[float], bool]) -> float:
+    """The smallest ε >= 0 where `satisfies` holds (false below it, true above), by
+    doubling then bisection to 1e-12 relative; the upper end of the bracket is returned,
+    so `satisfies` was checked to hold there."""
     if satisfies(0.0):
         return 0.0
     lo, hi = 0.0, 1.0

@@ -26,13 +26,10 @@ from collections.abc import Iterable
 import numpy as np
 from scipy.special import log_ndtr
 
+from dprun.mechanisms.calibration import DELTA_SAFETY, smallest_epsilon
+
 # Discrete losses composed here at most (their product grows fast); beyond, dp-accounting.
 MAX_ATOMS = 4096
-# As in `calibration`: ε is found against (δ − p_∞)·(1 − 1e-6), so the rounding of the
-# finite part of δ(ε) (the two log-CDF terms of H may nearly cancel) never lets the true
-# δ pass the target.
-_DELTA_SAFETY = 1e-6
-_RELATIVE_TOLERANCE = 1e-12
 
 
 class DiscreteLoss:
@@ -104,20 +101,7 @@ def epsilon_for_delta(mu: float, discrete: DiscreteLoss, delta: float) -> float:
     if room <= 8 * math.ulp(delta):
         # Within the rounding of the mass at +∞: no room left that can be trusted.
         return math.inf
-    target = room * (1.0 - _DELTA_SAFETY)
-
-    def satisfies(epsilon: float) -> bool:
-        return _finite_delta(mu, discrete, epsilon) <= target
-
-    if satisfies(0.0):
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while not satisfies(hi):
-        lo, hi = hi, 2.0 * hi
-    while hi - lo > _RELATIVE_TOLERANCE * hi:
-        mid = 0.5 * (lo + hi)
-        if satisfies(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # As in `calibration`, against a target a hair below the room left: the finite part's
+    # two log-CDF terms may nearly cancel, and their rounding must not let the true δ pass it.
+    target = room * (1.0 - DELTA_SAFETY)
+    return smallest_epsilon(lambda epsilon: _finite_delta(mu, discrete, epsilon) <= target)
