@@ -329,7 +329,8 @@ class SortedBounding:
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         light.add(key_code[heavy], heavy_partials, sign=-1)
         ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
-        first_heavy = self._kept_totals(ranked, None)
+        first_heavy = _Totals.zeros(self.codes.key_codes, list(partials))
+        self._add_kept(first_heavy, ranked, None)
         if ranked.height == 0:
             return light, first_heavy, None
         ranked.write_ipc(heavy_file, compression="uncompressed")
@@ -366,23 +367,21 @@ class SortedBounding:
         return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
                              **{qid: values[order] for qid, values in partials.items()}})
 
-    def _kept_totals(self, ranked: pl.DataFrame, chosen: np.ndarray | None) -> _Totals:
-        """Ranked heavy pairs per key: each unit's L0 first-ranked pairs, among the chosen keys
-        only if given (Plume's second bounding)."""
-        totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
+    def _add_kept(self, totals: _Totals, ranked: pl.DataFrame, chosen: np.ndarray | None) -> None:
+        """Add to `totals` the ranked heavy pairs each unit keeps: its L0 first-ranked pairs,
+        among the chosen keys only if given (Plume's second bounding)."""
         if ranked.height == 0:
-            return totals
+            return
         keys = ranked["key"].to_numpy()
         candidates = np.flatnonzero(chosen[keys]) if chosen is not None else np.arange(ranked.height)
         kept = candidates[_rank_within_runs(ranked["unit"].to_numpy()[candidates]) < self.plan.max_partitions]
         totals.add(keys[kept], {q.id: ranked[q.id].to_numpy()[kept] for q in self.quantities})
-        return totals
 
     def _rebound_heavy(self) -> _Totals:
         """Plume's second bounding of the heavy units, among the chosen keys."""
         totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
         for path in self.heavy_files:
-            totals.merge(self._kept_totals(pl.read_ipc(path), self.chosen))
+            self._add_kept(totals, pl.read_ipc(path), self.chosen)
         return totals
 
     def unit_counts(self) -> pl.DataFrame:
