@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 from scipy.special import log_ndtr
 
 # Relative width of the final bracket around the analytic Gaussian σ (or ε).
@@ -54,14 +55,16 @@ def gaussian_delta(sigma: float, l2_sensitivity: float, epsilon: float) -> float
     _require_positive(sigma=sigma, l2_sensitivity=l2_sensitivity)
     if epsilon < 0 or not math.isfinite(epsilon):
         raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
-    a = l2_sensitivity / (2.0 * sigma)
-    b = epsilon * sigma / l2_sensitivity
-    log_first = float(log_ndtr(a - b))
-    log_second = epsilon + float(log_ndtr(-a - b))
-    if log_second >= log_first:
-        # Only reachable through rounding: the exact difference is >= 0.
-        return 0.0
-    return math.exp(log_first) * -math.expm1(log_second - log_first)
+    return float(gaussian_deltas(l2_sensitivity / sigma, np.array([epsilon]))[0])
+
+
+def gaussian_deltas(mu: float, epsilons: np.ndarray) -> np.ndarray:
+    """δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ) of the Gaussian mechanism with Δ/σ = μ > 0,
+    for each ε, negative ones included (`gaussian_delta`'s formula, as arrays)."""
+    log_first = log_ndtr(mu / 2.0 - epsilons / mu)
+    log_second = epsilons + log_ndtr(-mu / 2.0 - epsilons / mu)
+    # Only rounding can make the second term the larger: the exact difference is >= 0.
+    return np.exp(log_first) * -np.expm1(np.minimum(log_second - log_first, 0.0))
 
 
 def analytic_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:

@@ -5,7 +5,7 @@ imports scipy.signal and scipy.stats (over a second on the benchmark machine, mo
 a planning step) and builds its PLDs on a grid, while the plans `auto` makes are
 mostly Gaussian. Gaussian mechanisms compose exactly into one Gaussian mechanism with
 μ² = Σ (Δ_i/σ_i)² (Dong, Roth & Su 2019, "Gaussian differential privacy", Cor. 3.3),
-whose δ(ε) is the analytic Gaussian's (seed 000, Theorem 16). Composing it with a
+whose δ(ε) is the analytic Gaussian's (seed 000, Theorem 16; `calibration.gaussian_deltas`). Composing it with a
 discrete privacy loss L (finitely many losses l_j with masses p_j, plus a mass p_∞ at
 +∞) gives, since δ(ε) = E[(1 − e^{ε − L_total})₊] for independent losses,
 
@@ -24,9 +24,8 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-from scipy.special import log_ndtr
 
-from dprun.mechanisms.calibration import DELTA_SAFETY, smallest_epsilon
+from dprun.mechanisms.calibration import DELTA_SAFETY, gaussian_deltas, smallest_epsilon
 
 # Discrete losses composed here at most (their product grows fast); beyond, dp-accounting.
 MAX_ATOMS = 4096
@@ -87,10 +86,7 @@ def _finite_delta(mu: float, discrete: DiscreteLoss, epsilon: float) -> float:
     if mu == 0.0:
         tails = -np.expm1(np.minimum(x, 0.0))
     else:
-        log_first = log_ndtr(mu / 2.0 - x / mu)
-        log_second = x + log_ndtr(-mu / 2.0 - x / mu)
-        # Only rounding can make the second term the larger: the exact difference is >= 0.
-        tails = np.exp(log_first) * -np.expm1(np.minimum(log_second - log_first, 0.0))
+        tails = gaussian_deltas(mu, x)
     return math.fsum((discrete.masses * tails).tolist())
 
 
