@@ -55,12 +55,12 @@ def gaussian_delta(sigma: float, l2_sensitivity: float, epsilon: float) -> float
     _require_positive(sigma=sigma, l2_sensitivity=l2_sensitivity)
     if epsilon < 0 or not math.isfinite(epsilon):
         raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
-    return float(gaussian_deltas(l2_sensitivity / sigma, np.array([epsilon]))[0])
+    return float(gaussian_deltas(l2_sensitivity / sigma, epsilon))
 
 
-def gaussian_deltas(mu: float, epsilons: np.ndarray) -> np.ndarray:
+def gaussian_deltas(mu: float, epsilons: np.ndarray | float) -> np.ndarray:
     """δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ) of the Gaussian mechanism with Δ/σ = μ > 0,
-    for each ε, negative ones included (`gaussian_delta`'s formula, as arrays)."""
+    for each ε of an array (or one float), negative ones included."""
     log_first = log_ndtr(mu / 2.0 - epsilons / mu)
     log_second = epsilons + log_ndtr(-mu / 2.0 - epsilons / mu)
     # Only rounding can make the second term the larger: the exact difference is >= 0.
