@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dprun import publish
+from dprun.engines import sorted_bounding
 from dprun_testing import fresh_seed, invoke
 
 SECRET_ID = "SECRET-ID-9e1f"
@@ -277,7 +278,8 @@ def output_is_the_input(folder: Path, rng: np.random.Generator, mp: pytest.Monke
 def disk_full(what: str) -> Builder:
     """ENOSPC as the libraries really raise it (checked on a full tmpfs): Python file writes raise
     OSError(ENOSPC); Polars' CSV writer an OSError without errno; its Parquet writer and sinks a
-    ComputeError. The writer first writes part of the file, as a real full disk does."""
+    ComputeError, except its partitioned Arrow sink (the sorted path's shards), an OSError without
+    errno. The writer first writes part of the file, as a real full disk does."""
     full = "No space left on device (os error 28)"
 
     def partial_then_fail(error: BaseException, original: Callable[..., Any] | None = None) -> Callable[..., Any]:
@@ -309,6 +311,13 @@ def disk_full(what: str) -> Builder:
         elif what == "scratch":
             mp.setattr(pl.LazyFrame, "sink_parquet",
                        partial_then_fail(pl.exceptions.ComputeError(f"parquet: underlying IO error: {full}")))
+        elif what == "sorted scratch":
+            integers = pl.DataFrame({"uid": rng.integers(0, 200, 600), "shop": rng.integers(0, 2, 600),
+                                     "v": rng.uniform(0, 50, 600)})
+            integers.write_parquet(folder / "data.parquet")
+            path = write_spec(folder, spec_document(query={"output": {"path": output}, "partitions": {"public": [0, 1]}}))
+            mp.setattr(sorted_bounding, "SHARD_ROWS", 64)
+            mp.setattr(pl.LazyFrame, "sink_ipc", partial_then_fail(OSError(full)))
         return Case(path, (6,), r"No space left on device")
 
     return build
@@ -411,6 +420,7 @@ CASES: list[Any] = [
     pytest.param(disk_full("csv output"), id="disk full writing a csv output"),
     pytest.param(disk_full("parquet output"), id="disk full writing a parquet output"),
     pytest.param(disk_full("scratch"), id="disk full writing intermediate files"),
+    pytest.param(disk_full("sorted scratch"), id="disk full writing the sorted path's shards"),
     pytest.param(disk_full_while_moving_outputs_into_place, id="disk full while moving outputs into place"),
     pytest.param(public_key_of_another_type, id="public key that does not fit the column type"),
     pytest.param(overwrites_a_file_it_reads("report is the input"), id="report path is the input path"),

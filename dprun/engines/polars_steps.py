@@ -46,12 +46,19 @@ def sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy, *, arrow: bool = Fa
             frame.sink_ipc(target, mkdir=True, engine=STREAMING, compression=None)
         else:
             frame.sink_parquet(target, mkdir=True, engine=STREAMING)
+    except OSError as exc:
+        # Polars raises some operating-system failures (a full disk) as OSError.
+        raise _scratch_error(exc) from None
     except pl.exceptions.PolarsError as exc:
         if "os error" in str(exc):
-            # An operating-system failure (e.g. a full disk) names no data value; say it as it is.
-            reason = str(exc).strip().splitlines()[0]
-            raise OutputError(f"cannot write intermediate files (set DPRUN_TMPDIR to a larger disk?): {reason}") from None
+            raise _scratch_error(exc) from None
         raise data_error(exc) from None
+
+
+def _scratch_error(exc: Exception) -> OutputError:
+    """An operating-system failure names no data value; say it as it is."""
+    reason = str(exc).strip().splitlines()[0]
+    return OutputError(f"cannot write intermediate files (set DPRUN_TMPDIR to a larger disk?): {reason}")
 
 
 def collect(frame: pl.LazyFrame) -> pl.DataFrame:
