@@ -383,6 +383,19 @@ def test_system_source_draws_fresh_uniform_bits() -> None:
     assert p >= ALPHA
 
 
+def test_large_system_reads_are_uniform_in_both_halves() -> None:
+    """A read of at least PARALLEL_READ_BYTES is joined from two threads' reads: each half
+    must be fresh uniform bytes (a half left empty, zero or repeated fails)."""
+    n = 2 * sampling.PARALLEL_READ_BYTES + 1
+    data = np.frombuffer(RandomSource.system().random_bytes(n), dtype=np.uint8)
+    assert data.size == n
+    first, second = data[: n // 2], data[n // 2:]
+    assert not np.array_equal(first[:1000], second[:1000])
+    for half in (first, second):
+        counts = np.bincount(half, minlength=256)
+        assert stats.chisquare(counts).pvalue >= ALPHA
+
+
 def test_hash_seeds_are_four_uint64_ints() -> None:
     seeds = RandomSource.system().hash_seeds()
     assert len(seeds) == 4 and len(set(seeds)) == 4
