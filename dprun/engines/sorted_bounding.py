@@ -425,8 +425,8 @@ def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
                         " split the input")
-    # Polars' single-threaded sort, one per worker: about three times numpy's on this data
-    # (numpy's sort of int64 runs at ~60 ns a row here); Polars' own threads would only
+    # Polars' single-threaded sort, one per worker: about three times numpy's on the benchmark
+    # machine (where numpy sorts int64 at ~60 ns a row); Polars' own threads would only
     # compete with the other workers.
     shard = shard.sort(PACKED, multithreaded=False)
     packed = shard[PACKED].to_numpy()
@@ -489,11 +489,12 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
 class _ShardFiles:
     """The files Polars' partitioned sink writes, opened here rather than by Polars.
 
-    Polars opens a file it writes by path twice, the second time with O_TRUNC. ext4 takes
-    the truncation of an empty file as a sign of a file being rewritten and, on close,
-    starts writing all its pages to disk (auto_da_alloc): a third of a second at the end
-    of the sink on the benchmark machine, for scratch files that are read back at once.
-    A file opened once, exclusively, is left in the page cache.
+    Polars opens a file it is given by path twice, with O_TRUNC, so the second open
+    truncates the empty file the first created. ext4 takes a truncated file for one being
+    rewritten and, when it is closed, starts writing all its pages to disk (auto_da_alloc):
+    a third of a second at the end of the sink on the benchmark machine, for scratch files
+    that are read back at once. A file opened once, exclusively, stays in the page cache.
+    Unbuffered, so that closing a file after a failed sink has nothing left to write.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -506,7 +507,7 @@ class _ShardFiles:
         shard = int(args.partition_keys[SHARD][0])
         path = self.folder / f"{shard}-{args.index_in_partition}.arrow"
         self.paths.setdefault(shard, []).append(path)
-        self.opened.append(path.open("xb"))
+        self.opened.append(path.open("xb", buffering=0))
         return self.opened[-1]
 
     def close(self) -> None:
