@@ -432,7 +432,7 @@ def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
     packed = shard[PACKED].to_numpy()
     starts, rows = _runs(packed)
     pairs = {PACKED: packed[starts], ROWS: rows}
-    for column in (column for column in shard.columns if column != PACKED):
+    for column in [name for name in shard.columns if name != PACKED]:
         values = shard[column].to_numpy()
         pairs[column] = np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
     return pairs
@@ -483,7 +483,7 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
              arrow=True)
     finally:
         files.close()
-    return [partial(_load, paths) for _, paths in sorted(files.paths.items())]
+    return [partial(_load, paths) for paths in files.paths()]
 
 
 class _ShardFiles:
@@ -500,19 +500,22 @@ class _ShardFiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.folder.mkdir()
-        self.paths: dict[int, list[Path]] = {}
-        self.opened: list[BinaryIO] = []
+        self.by_shard: dict[int, list[BinaryIO]] = {}
 
     def create(self, args: pl.FileProviderArgs) -> BinaryIO:
         shard = int(args.partition_keys[SHARD][0])
-        path = self.folder / f"{shard}-{args.index_in_partition}.arrow"
-        self.paths.setdefault(shard, []).append(path)
-        self.opened.append(path.open("xb", buffering=0))
-        return self.opened[-1]
+        file = (self.folder / f"{shard}-{args.index_in_partition}.arrow").open("xb", buffering=0)
+        self.by_shard.setdefault(shard, []).append(file)
+        return file
+
+    def paths(self) -> list[list[Path]]:
+        """Each shard's files, in shard order."""
+        return [[Path(file.name) for file in files] for _, files in sorted(self.by_shard.items())]
 
     def close(self) -> None:
-        for file in self.opened:
-            file.close()
+        for files in self.by_shard.values():
+            for file in files:
+                file.close()
 
 
 def _load(files: list[Path]) -> pl.DataFrame:
