@@ -84,6 +84,7 @@ def run(
     new_release: bool = False,
     engine: str = "polars",
     spark_options: dict[str, Any] | None = None,
+    on_published: Callable[[], None] | None = None,
 ) -> RunResult:
     """Execute a spec and publish every output and the report, or nothing.
 
@@ -100,6 +101,10 @@ def run(
     `master` (default local[*]) or `remote` (a Spark Connect sc:// URL) and `conf` (a
     mapping or key=value strings), passed to `dprun.engines.spark_engine.spark_session`.
     Outputs are still written by this process, to local paths.
+
+    `on_published` is called once every output is in place and the ledger entry appended,
+    while SIGINT and SIGTERM are still held off: from then on the release exists, and a
+    caller that stops on a signal must no longer say that nothing was published.
     """
     if engine not in ENGINES:
         raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
@@ -156,6 +161,8 @@ def run(
                 if book is not None and release is not None:
                     entry = _record(book, release, the_plan, report, report_md, digests, new_release,
                                     source.is_test_seed)
+                if on_published is not None:
+                    on_published()
         after = None if book is None or release is None else book.status(release)
     return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
 

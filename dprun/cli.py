@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -116,11 +117,13 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
     try:
         if plain:
             result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
-                             new_release=new_release, engine=engine, spark_options=spark_options)
+                             new_release=new_release, engine=engine, spark_options=spark_options,
+                             on_published=_interruption.settle)
         else:
             with console.status("running the plan"):
                 result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
-                                 new_release=new_release, engine=engine, spark_options=spark_options)
+                                 new_release=new_release, engine=engine, spark_options=spark_options,
+                                 on_published=_interruption.settle)
     except DprunError as error:
         _step_summary(f"## dprun run {spec}: not released (exit {int(error.exit_code)})\n\n"
                       + "".join(f"> {problem}\n" for problem in error.problems()) + "\n")
@@ -282,8 +285,26 @@ def spec_json_schema() -> dict[str, Any]:
     return document
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> NoReturn:
-    raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was published")
+class _Interruption:
+    """The CLI's SIGINT/SIGTERM handler: stop the command, unless its outcome is already settled.
+
+    Once `dprun run` has put every output in place and recorded it, or once the command's
+    error is being reported, stopping would claim that nothing was published, or cut the
+    message short, so a signal is then ignored.
+    """
+
+    def __init__(self) -> None:
+        self.settled = False
+
+    def settle(self) -> None:
+        self.settled = True
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if not self.settled:
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was published")
+
+
+_interruption = _Interruption()
 
 
 def _wants_json(args: list[str]) -> bool:
@@ -307,27 +328,45 @@ def _report_error(error: DprunError, as_json: bool) -> None:
 def main(args: list[str] | None = None) -> NoReturn:
     """Entry point: run the CLI and turn every failure into a message and an exit code."""
     arguments = list(sys.argv[1:] if args is None else args)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
+    _interruption.settled = False
+    _handle_signals(_interruption)
     as_json = _wants_json(arguments)
     try:
         cli.main(args=arguments, prog_name="dprun", standalone_mode=False)
-    except DprunError as error:
-        _report_error(error, as_json)
-        sys.exit(int(error.exit_code))
-    except click.exceptions.Abort:
-        click.echo("error: interrupted; nothing was published", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except click.ClickException as error:
-        error.show()
-        sys.exit(int(ExitCode.USAGE_OR_INTERNAL))
+        # Python runs signal handlers at calls, never before a plain attribute store: once
+        # the command returns or raises, no signal can cut in ahead of this line.
+        _interruption.settled = True
+        code = ExitCode.OK
     except BaseException as error:  # noqa: BLE001 - last line of defence, incl. Rust panics from Polars
-        if isinstance(error, (SystemExit, GeneratorExit)) or os.environ.get("DPRUN_DEBUG"):
-            raise
-        click.echo(
-            f"error: internal error ({type(error).__name__}); please report it. "
-            "Set DPRUN_DEBUG=1 to see the traceback (it may contain data values).",
-            err=True,
-        )
-        sys.exit(int(ExitCode.USAGE_OR_INTERNAL))
-    sys.exit(int(ExitCode.OK))
+        _interruption.settled = True
+        code = _report_failure(error, as_json)
+    # Python restores the default handlers as it shuts down; a signal then would kill the
+    # process and replace the exit code that was just decided.
+    _handle_signals(signal.SIG_IGN)
+    sys.exit(int(code))
+
+
+def _handle_signals(handler: Callable[[int, FrameType | None], None] | signal.Handlers) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
+
+
+def _report_failure(error: BaseException, as_json: bool) -> ExitCode:
+    """Print what went wrong and give the exit code for it."""
+    if isinstance(error, DprunError):
+        _report_error(error, as_json)
+        return error.exit_code
+    if isinstance(error, click.exceptions.Abort):
+        click.echo("error: interrupted; nothing was published", err=True)
+        return ExitCode.INTERRUPTED
+    if isinstance(error, click.ClickException):
+        error.show()
+        return ExitCode.USAGE_OR_INTERNAL
+    if isinstance(error, (SystemExit, GeneratorExit)) or os.environ.get("DPRUN_DEBUG"):
+        raise error
+    click.echo(
+        f"error: internal error ({type(error).__name__}); please report it. "
+        "Set DPRUN_DEBUG=1 to see the traceback (it may contain data values).",
+        err=True,
+    )
+    return ExitCode.USAGE_OR_INTERNAL

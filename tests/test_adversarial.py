@@ -548,7 +548,7 @@ def test_adversarial_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, buil
 
 @pytest.fixture(scope="module")
 def long_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """~800,000 rows (with planted secrets): a run on them takes a few seconds."""
+    """~800,000 rows (with planted secrets): a run on them keeps intermediate files for ~0.5 s."""
     path = tmp_path_factory.mktemp("long") / "data.parquet"
     rng = np.random.default_rng(5)
     rows = 800_000
@@ -582,8 +582,10 @@ def test_a_signal_in_the_middle_of_a_run_publishes_nothing(tmp_path: Path, long_
             lines.append(line)
             if "running query" in line:
                 break
-        time.sleep(0.5)
-        assert process.poll() is None, "the run ended before the signal; give it more data"
+        # The query is provably under way (not yet publishing) while it has intermediate files.
+        while process.poll() is None and not any(p.is_file() for p in scratch.rglob("*")):
+            time.sleep(0.001)
+        assert process.poll() is None, "the run ended before it wrote intermediate files; give it more data"
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=120)
     finally:

@@ -228,6 +228,30 @@ def test_an_interrupt_while_publishing_publishes_nothing(tmp_path: Path, monkeyp
     no_temporary_files(tmp_path, seed)
 
 
+def test_a_signal_after_publication_lets_the_run_finish_and_succeed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dprun import cli
+
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    write_csv_with_a_late_bad_value(tmp_path / "late.csv", rng, bad=None)
+    spec = two_query_spec(tmp_path, rng, "late.csv")
+    real_summary = cli.print_summary
+
+    def interrupted_summary(*args: Any, **kwargs: Any) -> None:
+        # Every output is in place: stopping now would claim that nothing was published.
+        signal.raise_signal(signal.SIGTERM)
+        real_summary(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "print_summary", interrupted_summary)
+    result = run(spec, seed)
+    assert result.exit_code == 0, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
+    assert "nothing was published" not in everything(result), f"seed={seed}: {everything(result)}"
+    assert "total: ε=" in result.stdout, f"seed={seed}: the summary was cut short: {result.stdout}"
+    published = sorted(files_under(tmp_path / "out"))
+    assert published == ["q1.parquet", "q2.csv", "report.json", "report.md"], f"seed={seed}: {published}"
+
+
 # --- overwriting --------------------------------------------------------------------------
 
 
