@@ -1,3 +1,3 @@
-from dprun.cli import main
+from dprun.launcher import main
 
 main()

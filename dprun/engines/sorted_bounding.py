@@ -20,7 +20,6 @@ heavy unit's partitions, so under the test seed both paths release identical tab
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ import pyarrow.parquet as pq
 
 from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
 from dprun.errors import DataError
+from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.quantities import Quantity
 from dprun.plan import QueryPlan
 from dprun.spec.input_schema import InputInfo
@@ -292,7 +292,7 @@ class SortedBounding:
         self.heavy_files: list[Path] = []
         self.chosen: np.ndarray | None = None
         self.rebound = False
-        _keep_freed_memory()
+        keep_freed_memory()
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         frame = rows.select(codes.packed(), *self.value_columns)
@@ -528,29 +528,6 @@ def _load(files: list[Path]) -> pl.DataFrame:
     for file in files:
         file.unlink()
     return shard
-
-
-# glibc's mallopt options (malloc.h).
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
-
-
-def _keep_freed_memory() -> None:
-    """Have glibc's malloc keep freed memory for reuse: one arena, freed memory kept up to
-    256 MiB, arrays below 32 MiB from the heap.
-
-    Each shard allocates and frees arrays of tens of MB. By default glibc gives them back to
-    the system at once and the next shard faults them in again: about a second of kernel
-    time at 10^8 rows, a quarter of the bounding's wall time. One arena also stops each
-    worker thread from reserving address space of its own (gigabytes under `ulimit -v`).
-    Set by hand because Python has no other way to reach these options; it does nothing
-    where the C library is not glibc.
-    """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    for option, value in ((M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**28), (M_TOP_PAD, 2**26), (M_MMAP_THRESHOLD, 2**25)):
-        mallopt(option, value)
 
 
 def _in_parallel(tasks: list[Callable[[], R]]) -> Iterator[R]:
