@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+from dprun import malloc_tuning
 
 
 def test_the_launcher_imports_no_threaded_library_before_tuning_malloc() -> None:
@@ -14,3 +17,25 @@ def test_the_launcher_imports_no_threaded_library_before_tuning_malloc() -> None
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
 
+
+
+def run_prepared(code: str, **env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if k not in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")}
+    result = subprocess.run([sys.executable, "-c", f"import dprun.launcher as l; l.prepare_process(); {code}"],
+                            capture_output=True, text=True, check=True, env={**environment, **env})
+    return result.stdout.strip()
+
+
+def test_the_launcher_sets_polars_and_openblas_options_unless_the_user_did() -> None:
+    code = "import os; print(os.environ['_RJEM_MALLOC_CONF'], os.environ['OPENBLAS_NUM_THREADS'])"
+    assert run_prepared(code) == f"{malloc_tuning.POLARS_ALLOCATOR_OPTIONS} 1"
+    assert run_prepared(code, _RJEM_MALLOC_CONF="dirty_decay_ms:0", OPENBLAS_NUM_THREADS="4") == "dirty_decay_ms:0 4"
+
+
+def test_polars_allocator_takes_the_options_set_before_it_is_imported() -> None:
+    # jemalloc prints its options at exit with stats_print; what the launcher sets must be read.
+    environment = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    code = ("import os; os.environ['_RJEM_MALLOC_CONF'] = 'dirty_decay_ms:4321,stats_print:true'; "
+            "import polars as pl; pl.DataFrame({'a': [1]})")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment)
+    assert "opt.dirty_decay_ms: 4321" in result.stderr + result.stdout

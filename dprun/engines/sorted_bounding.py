@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
@@ -45,13 +46,17 @@ PACKED = "__dprun_packed__"
 SHARD = "__dprun_shard__"
 ROWS = "__dprun_rows__"
 R = TypeVar("R")
-# Rows sorted in memory at once: ~8 bytes per row and per value column, cache-friendly.
-SHARD_ROWS = 2**22
+A = TypeVar("A")
+# Rows sorted in memory at once: ~8 bytes per row and per value column. A shard's arrays
+# (16 MB per column) stay below glibc's mmap threshold (`keep_freed_memory`), so they are
+# reused from the heap: at 2^22 rows half the shards' arrays were mapped afresh, page by
+# page, and the bounding spent twice the kernel time.
+SHARD_ROWS = 2**21
 # Per-partition totals are kept in dense arrays indexed by the key's code.
 MAX_KEY_CODES = 2**22
-# Shards bounded at once (`_in_parallel`); each holds a few hundred MB at SHARD_ROWS,
-# so memory, not the core count, sets it.
-WORKERS = 3
+# Shards bounded at once (`_in_parallel`): one per Polars thread, at most 8 (each holds
+# about 100 MB at SHARD_ROWS), at least 2 so that one shard is bounded while another is read.
+WORKERS = max(2, min(8, pl.thread_pool_size()))
 PACKED_BITS = 62
 
 
@@ -207,6 +212,22 @@ class _Totals:
         return self.sums[qid].total().gather(rows).alias(qid)
 
 
+@dataclass(frozen=True)
+class _WorkerTotals:
+    """A worker's running totals: light units, and heavy units' first bounding."""
+
+    light: _Totals
+    first_heavy: _Totals
+
+    @classmethod
+    def zeros(cls, size: int, quantity_ids: list[str]) -> _WorkerTotals:
+        return cls(_Totals.zeros(size, quantity_ids), _Totals.zeros(size, quantity_ids))
+
+    def merge(self, other: _WorkerTotals) -> None:
+        self.light.merge(other.light)
+        self.first_heavy.merge(other.first_heavy)
+
+
 class _ExactSums:
     """Σ of int64 values per key code, exact, at np.bincount's speed (a hash group-by is several times slower).
 
@@ -287,9 +308,6 @@ class SortedBounding:
         self.quantities = [q.quantity for q in plan.quantities if q.quantity.aggregate != "privacy_units"]
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
         ids = [q.id for q in self.quantities]
-        self.light = _Totals.zeros(codes.key_codes, ids)
-        self.first_heavy = _Totals.zeros(codes.key_codes, ids)
-        self.heavy_files: list[Path] = []
         self.chosen: np.ndarray | None = None
         self.rebound = False
         keep_freed_memory()
@@ -298,11 +316,11 @@ class SortedBounding:
         frame = rows.select(codes.packed(), *self.value_columns)
         loads = _shards(frame, codes, seed, workdir)
         work = [partial(self._bound_shard, load, workdir / f"heavy-{index}.arrow") for index, load in enumerate(loads)]
-        for light, first_heavy, heavy_file in _in_parallel(work):
-            self.light.merge(light)
-            self.first_heavy.merge(first_heavy)
-            if heavy_file is not None:
-                self.heavy_files.append(heavy_file)
+        heavy_files, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.key_codes, ids))
+        for other in others:
+            totals.merge(other)
+        self.light, self.first_heavy = totals.light, totals.first_heavy
+        self.heavy_files = [heavy_file for heavy_file in heavy_files if heavy_file is not None]
 
     def _row_values(self, shard: pl.DataFrame) -> pl.DataFrame:
         """A shard's packed codes, each value column's non-null flag, each value quantity's units."""
@@ -312,9 +330,10 @@ class SortedBounding:
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return shard.select(PACKED, *present, *values)
 
-    def _bound_shard(self, load: Callable[[], pl.DataFrame], heavy_file: Path) -> tuple[_Totals, _Totals, Path | None]:
-        """A shard's totals per key of its light units and of its heavy units' first bounding;
-        its heavy units' pairs, ranked, go to `heavy_file` (None if it has no heavy unit)."""
+    def _bound_shard(self, load: Callable[[], pl.DataFrame], heavy_file: Path, totals: _WorkerTotals) -> Path | None:
+        """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
+        heavy units' pairs, ranked, go to `heavy_file`, which is returned (None if the shard
+        has no heavy unit)."""
         pairs = _pair_sums(self._row_values(load()))
         pair_packed = pairs.pop(PACKED)
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
@@ -324,18 +343,16 @@ class SortedBounding:
         user_starts, per_unit = _runs(unit_code)
         is_heavy = per_unit > self.plan.max_partitions
         # Light units' totals: all pairs', less the heavy units' (a small share).
-        light = _Totals.zeros(self.codes.key_codes, list(partials))
-        light.add(key_code, partials)
+        totals.light.add(key_code, partials)
         heavy = _run_members(user_starts, per_unit, is_heavy)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
-        light.add(key_code[heavy], heavy_partials, sign=-1)
+        totals.light.add(key_code[heavy], heavy_partials, sign=-1)
         ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
-        first_heavy = _Totals.zeros(self.codes.key_codes, list(partials))
-        self._add_kept(first_heavy, ranked, None)
+        self._add_kept(totals.first_heavy, ranked, None)
         if ranked.height == 0:
-            return light, first_heavy, None
+            return None
         ranked.write_ipc(heavy_file, compression="uncompressed")
-        return light, first_heavy, heavy_file
+        return heavy_file
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth, exactly as the general path."""
@@ -380,10 +397,15 @@ class SortedBounding:
 
     def _rebound_heavy(self) -> _Totals:
         """Plume's second bounding of the heavy units, among the chosen keys."""
-        totals = _Totals.zeros(self.codes.key_codes, [q.id for q in self.quantities])
-        for path in self.heavy_files:
-            self._add_kept(totals, pl.read_ipc(path), self.chosen)
+        work = [partial(self._add_kept_from, path) for path in self.heavy_files]
+        _, (totals, *others) = _in_parallel_into(work, partial(_Totals.zeros, self.codes.key_codes,
+                                                               [q.id for q in self.quantities]))
+        for other in others:
+            totals.merge(other)
         return totals
+
+    def _add_kept_from(self, path: Path, totals: _Totals) -> None:
+        self._add_kept(totals, pl.read_ipc(path), self.chosen)
 
     def unit_counts(self) -> pl.DataFrame:
         """col : (key, privacy units after the first bounding) for keys with at least one unit."""
@@ -427,8 +449,12 @@ def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
                         " split the input")
     # Polars' single-threaded sort, one per worker: about three times numpy's on the benchmark
     # machine (where numpy sorts int64 at ~60 ns a row); Polars' own threads would only
-    # compete with the other workers.
-    shard = shard.sort(PACKED, multithreaded=False)
+    # compete with the other workers. A frame's sort first copies its columns into one chunk
+    # each, so the codes alone are sorted as a series: one copy fewer.
+    if shard.width == 1:
+        shard = shard[PACKED].sort(multithreaded=False).to_frame()
+    else:
+        shard = shard.sort(PACKED, multithreaded=False)
     packed = shard[PACKED].to_numpy()
     starts, rows = _runs(packed)
     pairs = {PACKED: packed[starts], ROWS: rows}
@@ -530,12 +556,33 @@ def _load(files: list[Path]) -> pl.DataFrame:
     return shard
 
 
+def _in_parallel_into(tasks: list[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
+    """Each task's result, in order, as `_in_parallel`, and the accumulators (at least one)
+    the tasks were given: a running task holds one that no other running task holds.
+
+    One accumulator per worker, not per task: the sorted path's totals are 8 bytes per key
+    code and quantity, written in full when they are zeroed and when they are merged.
+    """
+    accumulators = [new_accumulator() for _ in range(max(1, min(WORKERS, len(tasks))))]
+    idle: SimpleQueue[A] = SimpleQueue()
+    for accumulator in accumulators:
+        idle.put(accumulator)
+
+    def run(task: Callable[[A], R]) -> R:
+        accumulator = idle.get()
+        try:
+            return task(accumulator)
+        finally:
+            idle.put(accumulator)
+
+    return list(_in_parallel([partial(run, task) for task in tasks])), accumulators
+
+
 def _in_parallel(tasks: list[Callable[[], R]]) -> Iterator[R]:
     """Each task's result, in order, WORKERS tasks running at once.
 
-    Sorting and numpy release the GIL, so shards keep the cores busy; on two cores a third
-    worker runs while the others hold the GIL or wait on a file. Only WORKERS shards are
-    held in memory at a time."""
+    Sorting and numpy release the GIL, so shards keep the cores busy. Only WORKERS shards
+    are held in memory at a time."""
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         pending: deque[Future[R]] = deque()
         for task in tasks:
