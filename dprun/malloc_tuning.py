@@ -24,7 +24,7 @@ def keep_freed_memory() -> None:
     """Have glibc's malloc keep freed memory for reuse: one arena, freed memory kept up to
     256 MiB, arrays below 32 MiB from the heap.
 
-    The sorted path's shards each allocate and free arrays of tens of MB. By default glibc
+    The sorted path's shards each allocate and free arrays of about 16 MB. By default glibc
     gives them back to the system at once and the next shard faults them in again: about a
     second of kernel time at 10^8 rows, a quarter of the bounding's wall time.
 

@@ -18,10 +18,9 @@ def test_the_launcher_imports_no_threaded_library_before_tuning_malloc() -> None
     assert result.stdout.strip() == "[]", result.stdout
 
 
-
 def run_prepared(code: str, **env: str) -> str:
     environment = {k: v for k, v in os.environ.items() if k not in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")}
-    result = subprocess.run([sys.executable, "-c", f"import dprun.launcher as l; l.prepare_process(); {code}"],
+    result = subprocess.run([sys.executable, "-c", f"import dprun.launcher as launcher; launcher.prepare_process(); {code}"],
                             capture_output=True, text=True, check=True, env={**environment, **env})
     return result.stdout.strip()
 
