@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dp_accounting.pld import privacy_loss_distribution as pld
 
 from dprun.mechanisms import closed_form_pld
-from dprun.mechanisms.calibration import gaussian_epsilon
+from dprun.mechanisms.calibration import GAUSSIAN_DELTA_SLACK, gaussian_epsilon
 
 # Privacy-loss grid of the PLDs, relative to the largest standalone ε of the
 # composed mechanisms, and at most that much in absolute terms (see `_discretization`).
@@ -121,7 +121,10 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
     at the same σ and L2 sensitivity, which describes a discrete Gaussian only
     on a lattice fine relative to σ (as in `dprun.mechanisms.noise`; on the
     integers with σ of a few units, the discrete Gaussian's δ can be several
-    percent higher); ApproxCost as the worst case for its (ε, δ).
+    percent higher); ApproxCost as the worst case for its (ε, δ). The continuous
+    Gaussians are composed at `delta` less GAUSSIAN_DELTA_SLACK per Gaussian, the
+    gap between the lattice and the continuous Gaussian held back as calibration
+    holds it back (docs/mechanisms.md, "Accounting").
 
     Gaussian noise with few other losses (every plan `auto` makes for counts) is
     composed in closed form (`closed_form_pld`), exactly for the Gaussians; the
@@ -132,9 +135,14 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
         return 0.0
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    interval = _discretization(costs, delta, relative_discretization)
-    closed = _closed_form_epsilon(costs, delta, interval)
-    return closed if closed is not None else _dp_accounting_epsilon(costs, delta, interval)
+    gaussians = sum(1 for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian")
+    continuous_delta = delta - gaussians * GAUSSIAN_DELTA_SLACK
+    if not continuous_delta > 0:
+        raise ValueError(f"delta {delta!r} is too small for {gaussians} Gaussian mechanisms "
+                         f"(each holds back {GAUSSIAN_DELTA_SLACK:.1e} for its lattice)")
+    interval = _discretization(costs, continuous_delta, relative_discretization)
+    closed = _closed_form_epsilon(costs, continuous_delta, interval)
+    return closed if closed is not None else _dp_accounting_epsilon(costs, continuous_delta, interval)
 
 
 def _closed_form_epsilon(costs: list[Cost], delta: float, interval: float) -> float | None:

@@ -25,6 +25,13 @@ _RELATIVE_TOLERANCE = 1e-12
 # this much below δ keeps the true δ(σ) under the requested δ despite that.
 DELTA_SAFETY = 1e-6
 
+# δ held back for each lattice Gaussian: dprun's Gaussian noise is the discrete Gaussian
+# on a lattice of about 2**-40·σ, calibrated and accounted as the continuous Gaussian;
+# the two privacy profiles are taken to differ by less than this (docs/mechanisms.md).
+# Calibration (`noise.calibrate`) and PLD accounting (`accounting.pld_epsilon`) both
+# take it off δ, once per Gaussian mechanism.
+GAUSSIAN_DELTA_SLACK = 2.0**-36
+
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     """Scale b = Δ1/ε of Laplace noise giving ε-DP (seed 002, Proposition 6)."""

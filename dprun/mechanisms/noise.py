@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from dprun.mechanisms.calibration import (
+    GAUSSIAN_DELTA_SLACK,
     analytic_gaussian_sigma,
     discrete_laplace_std,
     gaussian_epsilon,
@@ -37,7 +38,6 @@ from dprun.mechanisms.sampling import RandomSource, discrete_gaussian, discrete_
 NoiseKind = Literal["laplace", "gaussian"]
 
 LATTICE_BITS = 40
-GAUSSIAN_DELTA_SLACK = 2.0**-36
 MIN_GAUSSIAN_DELTA = 2.0**-30
 
 

@@ -19,7 +19,7 @@ from dprun.mechanisms.accounting import (
     pld_epsilon,
     pld_noise_multiplier,
 )
-from dprun.mechanisms.calibration import analytic_gaussian_sigma, gaussian_delta
+from dprun.mechanisms.calibration import GAUSSIAN_DELTA_SLACK, analytic_gaussian_sigma, gaussian_delta
 
 
 def gaussian(epsilon: float, delta: float, sensitivity: float = 1.0) -> NoiseCost:
@@ -76,11 +76,27 @@ def test_costs_validate() -> None:
 
 @pytest.mark.parametrize(("epsilon", "delta", "sensitivity"), [(1.0, 1e-5, 1.0), (0.1, 1e-8, 3.0), (4.0, 1e-10, 2.5)])
 def test_pld_of_one_gaussian_matches_the_analytic_mechanism(epsilon: float, delta: float, sensitivity: float) -> None:
-    cost = gaussian(epsilon, delta, sensitivity)
+    # Calibrated as `noise.calibrate` does: for δ less the lattice slack.
+    continuous_delta = delta - GAUSSIAN_DELTA_SLACK
+    cost = gaussian(epsilon, continuous_delta, sensitivity)
     found = pld_epsilon([cost], delta)
     # Pessimistic: never below the exact ε, and within a few grid steps (1e-3·ε) of it.
-    assert gaussian_delta(cost.parameter, cost.sensitivity, found) <= delta
+    assert gaussian_delta(cost.parameter, cost.sensitivity, found) <= continuous_delta
     assert epsilon * (1 - 1e-6) <= found <= epsilon * 1.003
+
+
+def test_pld_holds_back_the_lattice_slack_once_per_gaussian() -> None:
+    """Three Gaussians at δ = 2^-33: the continuous composition gets 2^-33 − 3·2^-36 = 5·2^-36."""
+    costs = [gaussian(1.0, 1e-9, 1.0)] * 3
+    delta = 2.0**-33
+    found = pld_epsilon(costs, delta)
+    composed = pld.from_gaussian_mechanism(costs[0].parameter, sensitivity=1.0, value_discretization_interval=1e-4)
+    composed = composed.self_compose(3)
+    assert composed.get_delta_for_epsilon(found) <= 5 * GAUSSIAN_DELTA_SLACK * (1 + 1e-3)
+    # At the full δ the ε would be 1.2% smaller, well beyond the PLD grid's 0.1%.
+    assert found > composed.get_epsilon_for_delta(delta) * 1.006
+    with pytest.raises(ValueError, match="too small for 3 Gaussian mechanisms"):
+        pld_epsilon(costs, 3 * GAUSSIAN_DELTA_SLACK)
 
 
 @pytest.mark.parametrize(
