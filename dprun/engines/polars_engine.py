@@ -54,6 +54,7 @@ from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo, scan
+from dprun.spec.row_expressions import row_filter
 
 HASH = "__dprun_hash__"
 SHARD = "__dprun_shard__"
@@ -259,7 +260,7 @@ def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
     frame = scan(info)
     if plan.filter is not None:
-        frame = frame.filter(pl.sql_expr(plan.filter))
+        frame = frame.filter(row_filter(plan.filter))
     frame = frame.select(sorted(columns))
     frame = frame.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in plan.privacy_unit))
     if not plan.group_by:

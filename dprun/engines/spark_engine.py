@@ -64,6 +64,7 @@ from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo
+from dprun.spec.row_expressions import row_filter
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -315,6 +316,10 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
     f = F()
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
+    if plan.filter is not None:
+        # The same row-wise check as `validate`, before Spark reads anything; Spark then
+        # parses the text in its own dialect (docs/scale.md).
+        row_filter(plan.filter)
     frame = _scan(spark, info)
     if plan.filter is not None:
         frame = frame.filter(f.expr(plan.filter))

@@ -9,13 +9,13 @@ are never passed on.
 from __future__ import annotations
 
 import glob
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from dprun.spec.models import KINDS_WITH_VALUES, Query, Spec
+from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
 
@@ -137,32 +137,20 @@ def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> 
     return findings
 
 
-# A filter is one row expression. Polars' SQL would also accept sub-queries, and a sub-query
-# can read files (`SELECT ... FROM read_csv(...)`), so any SELECT is refused before parsing.
-SUBQUERY = re.compile(r"\bselect\b", re.IGNORECASE)
-
-
 def _filter_findings(text: str, schema: dict[str, pl.DataType], input_name: str) -> list[Finding]:
-    if SUBQUERY.search(text):
-        return [(("filter",), "the filter must be a row expression; sub-queries (SELECT) are not allowed")]
     try:
-        expression = pl.sql_expr(text)
-        names = expression.meta.root_names()
-    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError) as exc:
-        return [(("filter",), f"the filter is not a valid SQL expression: {_short(str(exc))}")]
-    missing = [name for name in names if name not in schema]
+        expression = parse_row_expression(text)
+    except NotRowWise as exc:
+        return [(("filter",), str(exc))]
+    missing = [name for name in expression.meta.root_names() if name not in schema]
     if missing:
         return [(("filter",), f"the filter names unknown column(s) {', '.join(missing)} of input '{input_name}'")]
     try:
         pl.LazyFrame(schema=schema).filter(expression).collect_schema()
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
-        return [(("filter",), f"the filter does not apply to input '{input_name}': {_short(str(exc))}")]
+        # The filter text comes from the spec, so Polars' message about it may be shown.
+        return [(("filter",), f"the filter does not apply to input '{input_name}': {first_line(str(exc))}")]
     return []
-
-
-def _short(message: str) -> str:
-    # The filter text comes from the spec, so Polars' message about it may be shown; keep its first line.
-    return message.strip().splitlines()[0] if message.strip() else "invalid expression"
 
 
 def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:

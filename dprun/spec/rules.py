@@ -20,6 +20,7 @@ def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
     findings: list[Finding] = []
     findings += _unique_query_names(spec)
     findings += _outputs_distinct(spec, base_dir, spec_path)
+    findings += _public_files_not_inputs(spec, base_dir)
     if isinstance(spec.privacy_unit, list):
         findings += _listed_twice(spec.privacy_unit, ("privacy_unit",))
     for index, query in enumerate(spec.queries):
@@ -39,17 +40,36 @@ def _unique_query_names(spec: Spec) -> Iterator[Finding]:
         seen.add(query.name)
 
 
-def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
-    """Every file the spec reads: inputs (each file a glob matches), public key files, the spec itself."""
-    read = {spec_path.resolve()}
+def _input_paths(spec: Spec, base_dir: Path) -> set[Path]:
+    """Every data file the spec's inputs name (each file a glob matches), resolved through symlinks."""
+    read: set[Path] = set()
     for declared in spec.inputs.values():
         pattern = declared.path if Path(declared.path).is_absolute() else str(base_dir / declared.path)
         read.add(Path(pattern).resolve())
         read |= {Path(p).resolve() for p in glob.glob(pattern, recursive=True)}
+    return read
+
+
+def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
+    """Every file the spec reads: inputs, public key files, the spec itself."""
+    read = {spec_path.resolve(), *_input_paths(spec, base_dir)}
     for query in spec.queries:
         if query.partitions is not None and query.partitions.public_file is not None:
             read.add((base_dir / query.partitions.public_file).resolve())
     return read
+
+
+def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
+    """Public keys read from the private data would be the data's own keys, released without selection."""
+    inputs = _input_paths(spec, base_dir)
+    for index, query in enumerate(spec.queries):
+        if query.partitions is None or query.partitions.public_file is None:
+            continue
+        if (base_dir / query.partitions.public_file).resolve() in inputs:
+            yield ("queries", index, "partitions", "public_file"), (
+                "the public partition file is an input of this spec: public keys must come from a public "
+                "source, not from the private data (use private selection instead, see docs/privacy.md)"
+            )
 
 
 def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:

@@ -614,6 +614,17 @@ def test_yaml_1_2_no_and_yes_are_strings(tmp_path: Path) -> None:
     assert data == {"a": "no", "b": "yes", "c": "off", "d": True, "e": "y"}
 
 
+def test_yaml_merge_keys_load_like_plain_keys() -> None:
+    data, marks = parse_text("base: &b {epsilon: 1.0}\nbudget:\n  <<: *b\n  delta: 0.1\n", "m.yaml")
+    assert data["budget"] == {"delta": 0.1, "epsilon": 1.0}
+    assert marks[("budget", "epsilon")][0] in (1, 3)
+
+
+def test_a_mapping_made_only_of_a_merge_loads() -> None:
+    data, _ = parse_text("base: &b {epsilon: 1.0}\nbudget:\n  <<: *b\n", "m.yaml")
+    assert data["budget"] == {"epsilon": 1.0}
+
+
 def test_yaml_1_2_exponent_without_dot_is_a_float(tmp_path: Path) -> None:
     data, _ = parse_text("a: 1e-6\nb: 1.0e-6\nc: 0o17\nd: 017\n", "x.yaml")
     assert data["a"] == 1e-6 and type(data["a"]) is float

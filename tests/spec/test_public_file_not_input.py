@@ -1,0 +1,59 @@
+"""A `partitions.public_file` must not be one of the spec's inputs: its keys would be the private data's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dprun.errors import SpecError
+from dprun.spec import validate_spec
+
+SPEC = """version: 1
+privacy_unit: uid
+budget: {{epsilon: 1.0}}
+inputs: {{rows: {{path: {input}}}}}
+queries:
+  - name: q
+    input: rows
+    group_by: [k]
+    partitions: {{public_file: {public}}}
+    contribution_bounds: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}
+    metrics: [{{name: n, kind: count}}]
+    output: {{path: out/q.csv}}
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "data").mkdir()
+    pl.DataFrame({"uid": [1, 2, 3], "k": ["a", "b", "c"]}).write_csv(tmp_path / "data" / "rows.csv")
+    pl.DataFrame({"k": ["a", "b"]}).write_csv(tmp_path / "keys.csv")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "data" / "rows.csv")
+    return tmp_path
+
+
+def validate(folder: Path, input_path: str, public: str) -> None:
+    path = folder / "spec.yaml"
+    path.write_text(SPEC.format(input=input_path, public=public))
+    validate_spec(path)
+
+
+@pytest.mark.parametrize(("input_path", "public"), [
+    ("data/rows.csv", "data/rows.csv"),  # the same path
+    ("data/rows.csv", "./data/../data/rows.csv"),  # another relative path to it
+    ("data/rows.csv", "link.csv"),  # a symlink to it
+    ("link.csv", "data/rows.csv"),  # the input is the symlink
+    ("data/*.csv", "data/rows.csv"),  # a file an input glob matches
+])
+def test_a_public_file_that_is_an_input_is_refused(folder: Path, input_path: str, public: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        validate(folder, input_path, public)
+    (problem,) = caught.value.problems()
+    assert (problem.line, problem.field) == (9, "queries[0].partitions.public_file")
+    assert "the public partition file is an input of this spec" in problem.message
+
+
+def test_a_public_file_beside_the_input_is_accepted(folder: Path) -> None:
+    validate(folder, "data/rows.csv", "keys.csv")
