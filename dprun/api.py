@@ -36,7 +36,8 @@ import polars as pl
 from dprun import ledger as ledger_mod
 from dprun import scaffold as scaffold_mod
 from dprun.engines import polars_engine, spark_engine
-from dprun.errors import DataError, DprunError, SpecError
+from dprun.engines.polars_steps import run_failure
+from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import Plan, QueryPlan
 from dprun.planner import make_plan
@@ -44,6 +45,7 @@ from dprun.publish import refuse_existing, staged
 from dprun.render import explanation_markdown
 from dprun.report import input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
+from dprun.strict_rows import check_rows
 
 Progress = Callable[[str], None]
 ENGINES = ("polars", "spark")
@@ -112,6 +114,7 @@ def run(
     the_plan = plan(validated)
     ledger_path = ledger_mod.resolve_path(validated.loaded, ledger)
     ledger_mod.require_ledger_for_lifetime(validated.loaded, ledger_path)
+    _require_ledger_apart(validated, ledger_path)
     report_md = the_plan.report_path.with_suffix(".md")
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
     targets += [(the_plan.report_path, True), (report_md, True)]
@@ -125,21 +128,31 @@ def run(
         elif progress is not None:
             progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
         refuse_existing(targets)
+        for name in sorted({q.input for q in the_plan.queries}):
+            if progress is not None and validated.inputs[name].format != "parquet":
+                progress(f"checking the rows of input {name}")
+            check_rows(validated.inputs[name])
         spark = _spark(spark_options, progress) if engine == "spark" else None
         source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
         started = _now()
         tables: dict[str, pl.DataFrame] = {}
         # Intermediate files hold private data: a folder only this user can read, always removed.
-        with tempfile.TemporaryDirectory(prefix="dprun-", dir=os.environ.get("DPRUN_TMPDIR")) as scratch:
+        with _scratch_folder() as scratch:
             for index, query in enumerate(the_plan.queries):
                 if progress is not None:
                     progress(f"running query {query.name}")
                 workdir = Path(scratch) / str(index)
                 workdir.mkdir()
-                if spark is not None:
-                    tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source, spark)
-                else:
-                    tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source, workdir)
+                try:
+                    if spark is not None:
+                        tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source,
+                                                                    spark)
+                    else:
+                        tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source,
+                                                                     workdir)
+                except OSError as exc:
+                    # Reading an input (removed since validation?) or writing scratch files.
+                    raise run_failure(exc, workdir) from None
         released = {name: table.height for name, table in tables.items()}
         outputs = {q.name: q.output_path for q in the_plan.queries}
         report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)
@@ -199,6 +212,17 @@ def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_mod.Release:
                                    the_plan.accounting, input_fingerprints(validated.inputs))
 
 
+def _require_ledger_apart(validated: ValidatedSpec, ledger_path: Path | None) -> None:
+    """A ledger given by --ledger or $DPRUN_LEDGER gets the check `validate` makes of the spec's `ledger:`."""
+    if ledger_path is None:
+        return
+    if {ledger_path, ledger_mod.lock_path(ledger_path)}.isdisjoint(validated.loaded.published_and_read()):
+        return
+    raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
+        f"the ledger {ledger_path} (or the .lock file beside it) is a file this spec reads or publishes "
+        "(an input, a public key file, the spec, an output or the report)"))])
+
+
 def _record(book: ledger_mod.Ledger, release: ledger_mod.Release, the_plan: Plan, report: dict[str, Any],
             report_md: Path, digests: dict[Path, str], new_release: bool, test_seed: bool) -> dict[str, Any]:
     outputs = [{"query": q.name, "path": str(q.output_path), "sha256": digests[q.output_path]}
@@ -245,6 +269,17 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _scratch_folder() -> tempfile.TemporaryDirectory[str]:
+    """A private temporary folder in $DPRUN_TMPDIR (else the system's); exit 6 if it cannot be made."""
+    parent = os.environ.get("DPRUN_TMPDIR") or None
+    try:
+        return tempfile.TemporaryDirectory(prefix="dprun-", dir=parent)
+    except OSError as exc:
+        where = f"DPRUN_TMPDIR={parent}" if parent else "the system's temporary folder"
+        raise OutputError(f"cannot make a folder for intermediate files in {where}: "
+                          f"{exc.strerror or type(exc).__name__}") from None
 
 
 def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:

@@ -288,9 +288,10 @@ def spec_json_schema() -> dict[str, Any]:
 class _Interruption:
     """The CLI's SIGINT/SIGTERM handler: stop the command, unless its outcome is already settled.
 
-    Once `dprun run` has put every output in place and recorded it, or once the command's
-    error is being reported, stopping would claim that nothing was published, or cut the
-    message short, so a signal is then ignored.
+    Once `dprun run` has put every output in place and recorded it, once the command's
+    error is being reported, or once a first signal is stopping it, stopping again would
+    claim that nothing was published, cut the message short, or leave scratch files
+    behind, so a signal is then ignored.
     """
 
     def __init__(self) -> None:
@@ -301,6 +302,9 @@ class _Interruption:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if not self.settled:
+            # Settled by the first signal: a second one (CI cancels often send several) must
+            # not cut short the removal of the scratch files the first one started.
+            self.settled = True
             raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was published")
 
 

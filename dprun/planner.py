@@ -108,7 +108,10 @@ def _located(index: int, step: Callable[..., T], *args: object) -> T:
         return step(*args)
     except Unplannable as exc:
         raise Unplannable(("queries", index, *exc.path), str(exc)) from None
-    except (ValueError, OverflowError) as exc:
+    except OverflowError:
+        raise Unplannable(("queries", index), "the numbers are out of range: its share of the budget "
+                                              "(epsilon × budget_share) is too small or too large") from None
+    except ValueError as exc:
         raise Unplannable(("queries", index), str(exc) or "the numbers are out of range") from None
 
 

@@ -95,7 +95,15 @@ def staged() -> Iterator[Staging]:
 
 
 def refuse_existing(targets: list[tuple[Path, bool]]) -> None:
-    """Fail before any work if a target exists and may not be overwritten."""
+    """Fail before any work if a target exists and may not be overwritten, or is not a regular file.
+
+    Publication replaces a target by renaming a regular file onto it: a folder, a device
+    or a FIFO at a target is refused whatever `--overwrite` says.
+    """
+    for path, _ in targets:
+        kind = _not_a_regular_file(path)
+        if kind is not None:
+            raise OutputError(f"cannot publish to {path}: it is {kind}, not a regular file")
     existing = [str(path) for path, overwrite in targets if path.exists() and not overwrite]
     if existing:
         raise OutputError(
@@ -107,3 +115,10 @@ def refuse_existing(targets: list[tuple[Path, bool]]) -> None:
             parent = parent.parent
         if not os.access(parent, os.W_OK):
             raise OutputError(f"cannot write {path}: folder {parent} is not writable")
+
+
+def _not_a_regular_file(path: Path) -> str | None:
+    """What stands at `path` if it is neither absent nor a regular file (targets are resolved paths)."""
+    if not path.exists() or path.is_file():
+        return None
+    return "a folder" if path.is_dir() else "a special file (device, FIFO or socket)"

@@ -18,6 +18,7 @@ from typing import Any
 from scipy.special import ndtri
 
 from dprun import __version__
+from dprun.errors import DataError
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
 from dprun.plan import MetricPlan, Plan, QueryPlan
 from dprun.spec.input_schema import InputInfo
@@ -145,11 +146,15 @@ def _ratio_std(kind: str, stds: list[float], half: float, rows: int) -> float:
 
 
 def input_fingerprints(inputs: dict[str, InputInfo]) -> list[dict[str, Any]]:
-    return [
-        {"name": info.name, "format": info.format, "path": str(path), "bytes": path.stat().st_size,
-         "sha256": file_fingerprint(path, info.format)}
-        for info in inputs.values() for path in info.paths
-    ]
+    try:
+        return [
+            {"name": info.name, "format": info.format, "path": str(path), "bytes": path.stat().st_size,
+             "sha256": file_fingerprint(path, info.format)}
+            for info in inputs.values() for path in info.paths
+        ]
+    except OSError as exc:
+        raise DataError(f"an input file could not be read ({exc.strerror or type(exc).__name__}); was it "
+                        "changed or removed while dprun ran?") from None
 
 
 def file_fingerprint(path: Path, fmt: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from dprun import cli as dprun_cli
+from dprun.errors import Interrupted
 from dprun_testing import invoke
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,3 +62,12 @@ def test_unknown_command_is_a_usage_error() -> None:
     result = invoke("frobnicate")
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+def test_after_the_first_signal_later_ones_are_ignored_so_cleanup_completes() -> None:
+    """A second SIGTERM (CI cancellations send several) must not interrupt the cleanup the first began."""
+    handler = dprun_cli._Interruption()
+    with pytest.raises(Interrupted, match="interrupted by SIGTERM; nothing was published"):
+        handler(signal.SIGTERM, None)
+    handler(signal.SIGTERM, None)
+    handler(signal.SIGINT, None)

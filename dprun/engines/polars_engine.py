@@ -181,7 +181,8 @@ def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int
         return [_write_shard(rows, plan, keys, workdir, 0)]
     rows_dir = workdir / "rows"
     shard_of_unit = pl.struct(list(plan.privacy_unit)).hash(seed ^ SHARD_SEED_MASK) % count
-    sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False))
+    sink(rows.with_columns(shard_of_unit.alias(SHARD)), pl.PartitionBy(str(rows_dir), key=SHARD, include_key=False),
+         workdir)
     shards = []
     for index in range(count):
         files = sorted((rows_dir / f"{SHARD}={index}").glob("*.parquet"))
@@ -192,12 +193,12 @@ def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int
 
 def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: Path, index: int) -> Shard:
     partials = workdir / f"partials-{index}.parquet"
-    sink(_partials(rows, plan, keys), partials)
+    sink(_partials(rows, plan, keys), partials, workdir)
     trees = {}
     for position, noisy in enumerate(plan.quantities):
         if noisy.quantity.aggregate == "quantile_tree":
             trees[noisy.quantity.id] = workdir / f"tree-{position}-{index}.parquet"
-            sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id])
+            sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id], workdir)
     return Shard(partials, trees)
 
 

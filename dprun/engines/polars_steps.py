@@ -5,6 +5,8 @@ with Polars errors turned into dprun's (Polars' own messages can quote data valu
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -39,34 +41,59 @@ def scaled_partial(total: pl.Expr, present: pl.Expr, max_rows: int) -> pl.Expr:
     return pl.when(present > 0).then((total * kept) // present.cast(pl.Int128)).otherwise(0).cast(pl.Int128)
 
 
-def sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy, *, arrow: bool = False) -> None:
-    """Stream a frame to Parquet, or to uncompressed Arrow IPC for scratch files read back at once."""
+def sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy, folder: Path, *, arrow: bool = False) -> None:
+    """Stream a frame to Parquet, or to uncompressed Arrow IPC for scratch files read back at once.
+
+    `folder` is the scratch folder the files go to. A failure is classified by what it is
+    and by the state of that folder, never by Polars' message, which can quote data values:
+    if the folder cannot take a small write now, the scratch disk failed (exit 6, with the
+    operating system's own words); otherwise it is an input that could not be read or data
+    Polars could not process (exit 3, `data_error`).
+    """
     try:
         if arrow:
             frame.sink_ipc(target, mkdir=True, engine=STREAMING, compression=None)
         else:
             frame.sink_parquet(target, mkdir=True, engine=STREAMING)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise run_failure(exc, folder) from None
+
+
+def run_failure(exc: Exception, folder: Path) -> OutputError | DataError:
+    """What a failure while running a query is: the scratch disk's, or the data's (see `sink`)."""
+    problem = scratch_write_problem(folder)
+    if problem is not None:
+        return OutputError(f"cannot write intermediate files in {folder} (set DPRUN_TMPDIR to a "
+                           f"larger disk?): {problem}")
+    return data_error(exc)
+
+
+SCRATCH_PROBE_BYTES = 1 << 20
+
+
+def scratch_write_problem(folder: Path) -> str | None:
+    """Why `folder` cannot take a 1 MiB file now (the OS's words), or None if it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(bytes(SCRATCH_PROBE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
     except OSError as exc:
-        # Polars raises some operating-system failures (a full disk) as OSError.
-        raise _scratch_error(exc) from None
-    except pl.exceptions.PolarsError as exc:
-        if "os error" in str(exc):
-            raise _scratch_error(exc) from None
-        raise data_error(exc) from None
-
-
-def _scratch_error(exc: Exception) -> OutputError:
-    """An operating-system failure names no data value; say it as it is."""
-    reason = str(exc).strip().splitlines()[0]
-    return OutputError(f"cannot write intermediate files (set DPRUN_TMPDIR to a larger disk?): {reason}")
+        return exc.strerror or os.strerror(exc.errno or 0) or type(exc).__name__
+    return None
 
 
 def collect(frame: pl.LazyFrame) -> pl.DataFrame:
     try:
         return frame.collect(engine=STREAMING)
-    except pl.exceptions.PolarsError as exc:
+    except (OSError, pl.exceptions.PolarsError) as exc:
         raise data_error(exc) from None
 
 
 def data_error(exc: Exception) -> DataError:
+    """A failure reading or processing the data, named by its type only (its text may quote values)."""
+    if isinstance(exc, OSError):
+        return DataError(f"an input file could not be read ({type(exc).__name__}); was it changed or removed "
+                         "while dprun ran?")
     return DataError(f"the data could not be processed ({type(exc).__name__}); check the input files and column types")

@@ -506,7 +506,7 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
     try:
         sink(frame.with_columns(shard_of_unit.alias(SHARD)),
              pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),
-             arrow=True)
+             workdir, arrow=True)
     finally:
         files.close()
     return [partial(_load, paths) for paths in files.paths()]

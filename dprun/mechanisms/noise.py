@@ -33,7 +33,7 @@ from dprun.mechanisms.calibration import (
     gaussian_epsilon,
     laplace_scale,
 )
-from dprun.mechanisms.sampling import RandomSource, discrete_gaussian, discrete_laplace
+from dprun.mechanisms.sampling import MAX_SCALE, RandomSource, discrete_gaussian, discrete_laplace
 
 NoiseKind = Literal["laplace", "gaussian"]
 
@@ -88,7 +88,32 @@ def gaussian_allowed(delta: float) -> bool:
 def calibrate(
     kind: NoiseKind, unit_exponent: int, linf_units: int, l0: int, epsilon: float, delta: float
 ) -> NoisePlan:
-    """Noise for an integer aggregate in units of 2**unit_exponent with L∞ = linf_units, L0 = l0."""
+    """Noise for an integer aggregate in units of 2**unit_exponent with L∞ = linf_units, L0 = l0.
+
+    Raises ValueError for noise the samplers cannot draw or whose released numbers a float64
+    cannot hold (a budget share or ε so small, or so large, that no release makes sense).
+    """
+    return _samplable(_calibrated(kind, unit_exponent, linf_units, l0, epsilon, delta))
+
+
+# The released numbers are (aggregate + noise)·2**grid_exponent with both terms below 2**100
+# in grid units: within ±2**MAX_GRID_EXPONENT the product stays a finite float64.
+MAX_GRID_EXPONENT = 900
+
+
+def _samplable(noise: NoisePlan) -> NoisePlan:
+    if 0 < noise.parameter <= MAX_SCALE and abs(noise.grid_exponent) <= MAX_GRID_EXPONENT:
+        return noise
+    name = "Laplace scale" if noise.kind == "laplace" else "Gaussian σ"
+    if 0 < noise.parameter < math.inf:
+        name += f" this needs, about 10^{math.log10(noise.parameter) + noise.grid_exponent * math.log10(2):.0f},"
+    raise ValueError(f"the {name} is out of the samplers' range: its share of the budget "
+                     "(epsilon × budget_share) is too small or too large")
+
+
+def _calibrated(
+    kind: NoiseKind, unit_exponent: int, linf_units: int, l0: int, epsilon: float, delta: float
+) -> NoisePlan:
     if kind == "laplace":
         real_scale = math.ldexp(laplace_scale(l0 * linf_units, epsilon), unit_exponent)
         grid = 0 if unit_exponent == 0 and linf_units * l0 / epsilon < 2.0**LATTICE_BITS else _grid(real_scale)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from dprun.errors import Problem, SpecError
 from dprun.spec.input_schema import InputInfo, inspect_inputs
 from dprun.spec.models import Spec
-from dprun.spec.rules import Finding, spec_findings
+from dprun.spec.rules import Finding, published_and_read, spec_findings
 from dprun.spec.yaml_loader import FieldPath, Marks, dotted, load_document, locate
 
 __all__ = ["LoadedSpec", "ValidatedSpec", "load_spec", "validate_spec", "Spec"]
@@ -38,6 +38,10 @@ class LoadedSpec:
     def resolve(self, relative: str) -> Path:
         candidate = Path(relative)
         return (candidate if candidate.is_absolute() else self.base_dir / candidate).resolve()
+
+    def published_and_read(self) -> set[Path]:
+        """Every file a run of this spec reads or writes, resolved."""
+        return published_and_read(self.spec, self.base_dir, self.path)
 
     def problems(self, findings: list[Finding]) -> list[Problem]:
         return [_problem(str(self.path), self.marks, path, message) for path, message in findings]

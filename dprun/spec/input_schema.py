@@ -8,6 +8,7 @@ are never passed on.
 
 from __future__ import annotations
 
+import csv
 import glob
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,19 @@ def read_schema(paths: tuple[Path, ...], fmt: str) -> dict[str, pl.DataType]:
     return dict(frame.collect_schema())
 
 
+def _header_names_twice(paths: tuple[Path, ...]) -> list[str]:
+    """Column names a CSV header repeats (Polars would rename the second one and read on)."""
+    twice: set[str] = set()
+    for path in paths:
+        try:
+            with path.open(encoding="utf-8-sig", errors="replace", newline="") as handle:
+                header = next(csv.reader(handle), [])
+        except (OSError, csv.Error):
+            continue  # Polars has read the schema; whatever fails here fails in the row check too
+        twice |= {name for name in header if header.count(name) > 1}
+    return sorted(twice)
+
+
 def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], list[Finding]]:
     infos: dict[str, InputInfo] = {}
     findings: list[Finding] = []
@@ -85,6 +99,10 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
             continue
         if not schema:
             findings.append((at, "the input has no columns (empty file?)"))
+            continue
+        twice = _header_names_twice(paths) if fmt == "csv" else []
+        if twice:
+            findings.append((at, f"the CSV header names column(s) {', '.join(twice)} more than once"))
             continue
         infos[name] = InputInfo(name, paths, fmt, schema)
     for index, query in enumerate(spec.queries):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NoiseChoice = Literal["auto", "laplace", "gaussian"]
 SelectionChoice = Literal[
@@ -27,6 +27,27 @@ KINDS_WITH_VALUES: frozenset[str] = frozenset(
 BOUND_LIMIT = 1e200
 PositiveWeight = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Scalar = str | int | float | bool
+# Above this budget ε, PLD accounting's privacy-loss grid (10^-3 at the finest) holds too
+# many points to compute in seconds; such budgets give no meaningful privacy anyway.
+PLD_MAX_EPSILON = 100.0
+# Linux's limits (NAME_MAX, PATH_MAX): a longer path fails in the OS, not in dprun.
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+
+
+def _usable_path(value: str) -> str:
+    """A path the operating system can take: no NUL character, no over-long name."""
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL character")
+    encoded = value.encode("utf-8", errors="surrogateescape")
+    if len(encoded) > PATH_MAX_BYTES:
+        raise ValueError(f"the path is longer than {PATH_MAX_BYTES} bytes")
+    if any(len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")):
+        raise ValueError(f"a name in the path is longer than {NAME_MAX_BYTES} bytes")
+    return value
+
+
+PathText = Annotated[str, Field(min_length=1), AfterValidator(_usable_path)]
 
 
 class Strict(BaseModel):
@@ -46,9 +67,15 @@ class Budget(Strict):
     accounting: Literal["basic", "pld"] = "basic"
     lifetime: Lifetime | None = Field(default=None, description="Most any dataset may spend over all releases (ledger).")
 
+    @model_validator(mode="after")
+    def _pld_range(self) -> Budget:
+        if self.accounting == "pld" and self.epsilon > PLD_MAX_EPSILON:
+            raise ValueError(f"`accounting: pld` takes epsilon up to {PLD_MAX_EPSILON:g}; use `basic` above that")
+        return self
+
 
 class InputSpec(Strict):
-    path: str = Field(min_length=1, description="A file or a glob; relative to the spec file.")
+    path: PathText = Field(description="A file or a glob; relative to the spec file.")
     format: Literal["csv", "parquet", "ndjson"] | None = None
 
 
@@ -56,7 +83,7 @@ class Partitions(Strict):
     public: list[Scalar | list[Scalar]] | None = Field(
         default=None, description="The released partition keys; one value per key, or a list per key for several group_by columns."
     )
-    public_file: str | None = Field(default=None, description="CSV/Parquet file holding the group_by columns.")
+    public_file: PathText | None = Field(default=None, description="CSV/Parquet file holding the group_by columns.")
     selection: SelectionChoice = "auto"
     budget_share: PositiveWeight = 1.0
     min_privacy_units: Annotated[int, Field(ge=1)] = 1
@@ -143,7 +170,7 @@ class Metric(Strict):
 
 
 class Output(Strict):
-    path: str = Field(min_length=1)
+    path: PathText
     format: Literal["parquet", "csv"] | None = None
     overwrite: bool = False
 
@@ -168,9 +195,9 @@ class Spec(Strict):
     budget: Budget
     inputs: dict[str, InputSpec] = Field(min_length=1)
     queries: list[Query] = Field(min_length=1)
-    report: str = Field(default="report.json", description="The accounting report; Markdown is written beside it.")
+    report: PathText = Field(default="report.json", description="The accounting report; Markdown is written beside it.")
     dataset: str | None = Field(default=None, description="A stable id of the dataset, for the ledger.")
-    ledger: str | None = Field(default=None, description="Release ledger (JSON lines) to record and check releases.")
+    ledger: PathText | None = Field(default=None, description="Release ledger (JSON lines) to record and check releases.")
 
     @field_validator("version", mode="before")
     @classmethod

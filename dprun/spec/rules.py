@@ -7,6 +7,7 @@ located problems. Rules never look at data, only at the spec.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +18,14 @@ Finding = tuple[FieldPath, str]
 
 
 def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
+    loops = list(_symlink_loops(spec, base_dir))
+    if loops:
+        return loops  # the checks below compare resolved paths
     findings: list[Finding] = []
     findings += _unique_query_names(spec)
     findings += _outputs_distinct(spec, base_dir, spec_path)
     findings += _public_files_not_inputs(spec, base_dir)
+    findings += _ledger_apart(spec, base_dir, spec_path)
     if isinstance(spec.privacy_unit, list):
         findings += _listed_twice(spec.privacy_unit, ("privacy_unit",))
     for index, query in enumerate(spec.queries):
@@ -30,6 +35,34 @@ def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
             findings.append(((*at, "input"), f"no input named '{query.input}' (inputs: {known})"))
         findings += [((*at, *path), message) for path, message in _query_findings(query, spec)]
     return findings
+
+
+def resolved(path: Path) -> Path:
+    """`path` made absolute through symbolic links; a symbolic link loop stays as written."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return Path(os.path.abspath(path))
+
+
+def _named_paths(spec: Spec) -> Iterator[tuple[FieldPath, str]]:
+    for name, declared in spec.inputs.items():
+        yield ("inputs", name, "path"), declared.path
+    for index, query in enumerate(spec.queries):
+        if query.partitions is not None and query.partitions.public_file is not None:
+            yield ("queries", index, "partitions", "public_file"), query.partitions.public_file
+        yield ("queries", index, "output", "path"), query.output.path
+    yield ("report",), spec.report
+    if spec.ledger is not None:
+        yield ("ledger",), spec.ledger
+
+
+def _symlink_loops(spec: Spec, base_dir: Path) -> Iterator[Finding]:
+    for at, text in _named_paths(spec):
+        try:
+            (base_dir / text).resolve()
+        except (RuntimeError, OSError):
+            yield at, f"'{text}' cannot be resolved: a symbolic link loop"
 
 
 def _unique_query_names(spec: Spec) -> Iterator[Finding]:
@@ -97,6 +130,11 @@ def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[F
 def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
     pure = spec.budget.delta == 0
     yield from _listed_twice(query.group_by, ("group_by",))
+    for index, column in enumerate(query.group_by):
+        if column in spec.privacy_unit_columns:
+            yield ("group_by", index), (
+                f"column '{column}' is the privacy unit: a query cannot group by it (each partition "
+                "would hold one unit's rows); group by other columns")
     yield from _metric_names(query)
     for index, metric in enumerate(query.metrics):
         if pure and (metric.noise or query.noise) == "gaussian":
@@ -133,6 +171,23 @@ def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
                 yield ("partitions", "public", index), (
                     f"a key has {arity} value(s) but group_by has {width} column(s)"
                 )
+
+
+def _ledger_apart(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
+    """The ledger (and its lock beside it) is neither a file the spec reads nor one it publishes."""
+    if spec.ledger is None:
+        return
+    ledger = (base_dir / spec.ledger).resolve()
+    if not {ledger, ledger.with_name(ledger.name + ".lock")}.isdisjoint(published_and_read(spec, base_dir, spec_path)):
+        yield ("ledger",), ("the ledger (or the .lock file beside it) is a file this spec reads or publishes "
+                            "(an input, a public key file, the spec, an output or the report)")
+
+
+def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
+    """Every file a run of the spec reads or writes, resolved."""
+    report = (base_dir / spec.report).resolve()
+    outputs = {(base_dir / query.output.path).resolve() for query in spec.queries}
+    return _read_paths(spec, base_dir, spec_path) | outputs | {report, report.with_suffix(".md")}
 
 
 def _listed_twice(columns: list[str], at: FieldPath) -> Iterator[Finding]:

@@ -49,7 +49,12 @@ def parse_text(text: str, filename: str) -> tuple[Any, Marks]:
         raise SpecError([Problem(filename, None, None, "", f"not valid YAML/JSON ({type(exc).__name__})")]) from None
     marks: Marks = {}
     problems: list[Problem] = []
-    data = _plain(tree, (), marks, problems, filename)
+    try:
+        data = _plain(tree, (), marks, problems, filename, _Budget(MAX_NODES))
+    except _TooLarge:
+        raise SpecError([Problem(filename, None, None, "", (
+            f"the spec expands to more than {MAX_NODES:,} values (YAML aliases `*name` repeat what an "
+            "anchor `&name` holds); write the values out"))]) from None
     if problems:
         raise SpecError(problems)
     return data, marks
@@ -63,7 +68,31 @@ def _yaml_reason(exc: MarkedYAMLError) -> str:
     return f"{context}: {problem}" if context else problem
 
 
-def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], filename: str) -> Any:
+# Aliases let a few lines stand for exponentially many values ("billion laughs"): the
+# loader keeps them shared, but turning them into plain data expands every one. A spec
+# with thousands of public keys stays far below this (a million keys belong in a `public_file`).
+MAX_NODES = 200_000
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Budget:
+    """How many more values the expanded document may hold."""
+
+    def __init__(self, nodes: int) -> None:
+        self.left = nodes
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooLarge
+
+
+def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], filename: str,
+           budget: _Budget) -> Any:
+    budget.spend()
     if isinstance(node, (CommentedMap, CommentedSeq)):
         if not path:
             marks[()] = (node.lc.line + 1, node.lc.col + 1)
@@ -87,7 +116,7 @@ def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], fi
             if not isinstance(key, str):
                 problems.append(Problem(filename, line + 1, column + 1, dotted(child_path), "keys must be strings"))
                 continue
-            result[key] = _plain(node[key], child_path, marks, problems, filename)
+            result[key] = _plain(node[key], child_path, marks, problems, filename, budget)
         return result
     if isinstance(node, CommentedSeq):
         items = []
@@ -95,7 +124,7 @@ def _plain(node: Any, path: FieldPath, marks: Marks, problems: list[Problem], fi
             line, column = node.lc.item(index)
             child_path = (*path, index)
             marks[child_path] = (line + 1, column + 1)
-            items.append(_plain(item, child_path, marks, problems, filename))
+            items.append(_plain(item, child_path, marks, problems, filename, budget))
         return items
     if node is None or isinstance(node, (bool, int, float, str)):
         # ruamel's scalar subclasses (ScalarFloat, ...) become the plain builtin.
