@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import tempfile
 import threading
@@ -43,7 +44,7 @@ from dprun.plan import Plan, QueryPlan
 from dprun.planner import make_plan
 from dprun.publish import refuse_existing, staged
 from dprun.render import explanation_markdown
-from dprun.report import input_fingerprints, release_report
+from dprun.report import RELEASE_ID_KEY, input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.strict_rows import check_rows
 
@@ -134,7 +135,6 @@ def run(
             check_rows(validated.inputs[name])
         spark = _spark(spark_options, progress) if engine == "spark" else None
         source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
-        started = _now()
         tables: dict[str, pl.DataFrame] = {}
         # Intermediate files hold private data: a folder only this user can read, always removed.
         with _scratch_folder() as scratch:
@@ -153,17 +153,20 @@ def run(
                 except OSError as exc:
                     # Reading an input (removed since validation?) or writing scratch files.
                     raise run_failure(exc, workdir) from None
-        released = {name: table.height for name, table in tables.items()}
-        outputs = {q.name: q.output_path for q in the_plan.queries}
-        report = release_report(the_plan, validated.inputs, released, outputs, started, _now(), source.is_test_seed)
-        if release is not None and sorted(i["sha256"] for i in report["inputs"]) != release.input_hashes:
+        if release is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
+                release.input_hashes:
             raise DataError("the input files changed while dprun ran; nothing was published or spent")
+        release_id = secrets.token_hex(8)
         digests: dict[Path, str] = {}
         entry: dict[str, Any] | None = None
         with staged() as staging:
             for query in the_plan.queries:
-                staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query),
+                staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query, release_id),
                                                          query.output_path, digests))
+            report = release_report(the_plan, {name: table.height for name, table in tables.items()},
+                                    {q.name: (_relative(q.output_path, the_plan), digests[q.output_path])
+                                     for q in the_plan.queries},
+                                    release_id, _now()[:10], source.is_test_seed)
             staging.write(the_plan.report_path, _hashed(
                 lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
             staging.write(report_md, _hashed(
@@ -172,7 +175,7 @@ def run(
             with _signals_deferred():
                 staging.commit()
                 if book is not None and release is not None:
-                    entry = _record(book, release, the_plan, report, report_md, digests, new_release,
+                    entry = _record(book, release, the_plan, report_md, digests, new_release,
                                     source.is_test_seed)
                 if on_published is not None:
                     on_published()
@@ -223,12 +226,12 @@ def _require_ledger_apart(validated: ValidatedSpec, ledger_path: Path | None) ->
         "(an input, a public key file, the spec, an output or the report)"))])
 
 
-def _record(book: ledger_mod.Ledger, release: ledger_mod.Release, the_plan: Plan, report: dict[str, Any],
+def _record(book: ledger_mod.Ledger, release: ledger_mod.Release, the_plan: Plan,
             report_md: Path, digests: dict[Path, str], new_release: bool, test_seed: bool) -> dict[str, Any]:
     outputs = [{"query": q.name, "path": str(q.output_path), "sha256": digests[q.output_path]}
                for q in the_plan.queries]
     entry = ledger_mod.new_entry(
-        release, report["finished"], outputs,
+        release, _now(), outputs,
         {"path": str(the_plan.report_path), "sha256": digests[the_plan.report_path]},
         {"path": str(report_md), "sha256": digests[report_md]},
         new_release, test_seed,
@@ -290,10 +293,16 @@ def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:
     return spark_engine.spark_session(options.get("master"), options.get("remote"), options.get("conf"))
 
 
-def _table_writer(table: pl.DataFrame, query: QueryPlan) -> Callable[[Path], None]:
+def _table_writer(table: pl.DataFrame, query: QueryPlan, release_id: str) -> Callable[[Path], None]:
     if query.output_format == "csv":
         return lambda path: table.write_csv(path)
-    return lambda path: table.write_parquet(path)
+    # The release id in the file's key-value metadata ties it to its report (`dprun verify`).
+    return lambda path: table.write_parquet(path, metadata={RELEASE_ID_KEY: release_id})
+
+
+def _relative(path: Path, the_plan: Plan) -> str:
+    """`path` relative to the spec's folder: the report shows no absolute path of this machine."""
+    return os.path.relpath(path, the_plan.spec_path.resolve().parent)
 
 
 def _now() -> str:

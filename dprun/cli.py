@@ -174,15 +174,20 @@ def _step_summary(markdown: str) -> None:
 
 
 def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | None = None) -> dict[str, Any]:
+    # The report holds paths relative to the spec's folder; the command's own output shows them whole.
+    paths = {q["name"]: q["output"] for q in report["queries"]} if result is None else {
+        q.name: q.output_path for q in result.plan.queries}
     status = None if result is None else result.ledger_status
     entry = None if result is None else result.ledger_entry
     return {
         "ok": True,
         "report": str(report_path),
+        "release_id": report["release_id"],
         "total": report["total"],
         "non_private_test_seed": report["non_private_test_seed"],
         "queries": [
-            {"name": q["name"], "partitions_released": q["partitions_released"], "output": q["output"]}
+            {"name": q["name"], "partitions_released": q["partitions_released"], "output": str(paths[q["name"]]),
+             "sha256": q["output_sha256"]}
             for q in report["queries"]
         ],
         "ledger": None if status is None or entry is None else {

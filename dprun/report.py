@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import math
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -186,25 +187,36 @@ def versions() -> dict[str, str]:
     return found
 
 
+# The Parquet key-value metadata key that holds an output's release id.
+RELEASE_ID_KEY = "dprun.release_id"
+
+
 def release_report(
     plan: Plan,
-    inputs: dict[str, InputInfo],
     released: dict[str, int],
-    outputs: dict[str, Path],
-    started: str,
-    finished: str,
+    outputs: dict[str, tuple[str, str]],
+    release_id: str,
+    released_on: str,
     test_seed: bool,
 ) -> dict[str, Any]:
+    """The published report: the plan's explanation, DP results and public facts only.
+
+    `outputs` maps each query to its output's path relative to the spec's folder and the
+    output's sha256 (a function of DP values only). Nothing here depends on the input
+    rows except through DP mechanisms: no input size, hash or row count, no run time
+    (docs/privacy.md, "The published report"). `partitions_released` is the number of
+    partitions the plan's selection released, itself DP (public keys: the list's size).
+    """
     report = explain(plan)
     for query in report["queries"]:
         query["partitions_released"] = released[query["name"]]
-        query["output"] = str(outputs[query["name"]])
+        query["output"], query["output_sha256"] = outputs[query["name"]]
     report.update(
         {
-            "started": started,
-            "finished": finished,
+            "release_id": release_id,
+            "released_on": released_on,
+            "spec_folder": os.path.relpath(plan.spec_path.resolve().parent, plan.report_path.parent),
             "versions": versions(),
-            "inputs": input_fingerprints(inputs),
             "privacy_unit": list(plan.queries[0].privacy_unit) if plan.queries else [],
             "non_private_test_seed": test_seed,
         }

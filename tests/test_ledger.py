@@ -24,11 +24,11 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import Result
-
-from dprun import api
-from dprun import ledger
-from dprun.errors import AlreadyReleased, BudgetRefused
 from dprun_testing import everything, fresh_seed, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
+
+from dprun import api, ledger
+from dprun.errors import AlreadyReleased, BudgetRefused
+from dprun.report import file_fingerprint
 
 EPSILON = 0.3  # per release; the plan guarantees a hair less (its `total`)
 
@@ -193,10 +193,13 @@ def test_the_entry_records_the_release(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert entry["ledger_version"] == 1
     assert entry["spec_sha256"] == report["spec_sha256"] == sha256(spec)
-    assert entry["inputs"] == report["inputs"]
+    # The input fingerprints are the data owner's: in the (private) ledger, not in the published report.
+    [fingerprint] = entry["inputs"]
+    assert fingerprint["sha256"] == file_fingerprint(tmp_path / "visits.parquet", "parquet")
+    assert fingerprint["bytes"] == (tmp_path / "visits.parquet").stat().st_size and "inputs" not in report
     assert entry["epsilon"] == repr(report["total"]["epsilon"]) and Fraction(entry["delta"]) == 0
     assert entry["accounting"] == report["accounting"] == "basic"
-    assert entry["time"] == report["finished"]
+    assert entry["time"][:10] == report["released_on"]
     assert entry["dataset"].startswith("inputs-sha256:") and entry["dataset_declared"] is False
     assert entry["non_private_test_seed"] is True
     [output] = entry["outputs"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,12 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import Result
+from dprun_testing import everything, fresh_seed, invoke
+
+REPO = Path(__file__).resolve().parents[1]
 
 from dprun import api
-from dprun_testing import everything, fresh_seed, invoke
+from dprun.report import file_fingerprint
 
 # --- helpers -------------------------------------------------------------------------------
 
@@ -381,21 +385,23 @@ def test_the_report_accounts_for_the_budget_and_leaks_no_raw_statistic(tmp_path:
     assert 0 <= report["total"]["delta"] <= report["budget"]["delta"] == 1e-6, f"seed={seed}: {report['total']}"
     assert [q["name"] for q in report["queries"]] == ["per_shop", "overall"]
     assert [q["partitions_released"] for q in report["queries"]] == [20, 1], f"seed={seed}"
-    [fingerprint] = report["inputs"]
-    assert fingerprint["bytes"] == data.stat().st_size, f"seed={seed}: {fingerprint}"
+    assert not {"inputs", "started", "finished"} & set(report), f"seed={seed}: non-DP facts in the report"
+    size, digests = data.stat().st_size, (hashlib.sha256(data.read_bytes()).hexdigest(),
+                                           file_fingerprint(data, "parquet"))
 
     def scrub(text: str) -> str:
-        # Our own paths and the (public) input file size may contain anything.
+        # The command's own output may show this machine's paths; published files may not.
         for folder in {str(tmp_path.resolve()), str(tmp_path)}:
             text = text.replace(folder, "<tmp>")
-        return re.sub(rf'"bytes": {fingerprint["bytes"]}\b', '"bytes": <size>', text)
+        return text
 
-    texts = {
-        "report.json": scrub(report_json.read_text()),
-        "report.md": scrub(report_md.read_text()),
-        "stdout": scrub(result.stdout),
-        "stderr": scrub(result.stderr),
-    }
+    published = {"report.json": report_json.read_text(), "report.md": report_md.read_text(),
+                 "per_shop.csv": (tmp_path / "out" / "per_shop.csv").read_text()}
+    for name, text in published.items():
+        assert str(tmp_path.resolve()) not in text and str(tmp_path) not in text, f"seed={seed}: {name}: a path"
+        assert not any(d in text for d in digests), f"seed={seed}: {name} holds the input's hash"
+        assert not mentions(text, size), f"seed={seed}: {name} mentions the input's size {size}"
+    texts = {**published, "stdout": scrub(result.stdout), "stderr": scrub(result.stderr)}
     for name, text in texts.items():
         for number in PLANTED:
             assert not mentions(text, number), f"seed={seed}: {name} mentions the raw statistic {number}:\n{text}"
@@ -525,3 +531,32 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
         result = invoke(*args)
         no_traceback(result)
         assert result.exit_code == 2, f"{args}: exit {result.exit_code}: {everything(result)}"
+
+
+def test_no_published_file_of_an_example_spec_holds_a_fact_about_its_inputs(tmp_path: Path) -> None:
+    """Each shipped spec on the shipped data: no input size, hash, row count or unit count, no
+    absolute path and no time of day in any published file (outputs, report.json, report.md)."""
+    for folder in ("specs", "sample_data"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    for spec in sorted((tmp_path / "specs").glob("*.yaml")):
+        result = invoke("run", str(spec), "--overwrite")
+        assert result.exit_code == 0, f"{spec.name}: {everything(result)}"
+        validated = api.validate(spec)
+        facts: set[int] = set()
+        digests: set[str] = set()
+        for info in validated.inputs.values():
+            for path in info.paths:
+                frame = pl.read_parquet(path) if info.format == "parquet" else pl.read_csv(path)
+                unit = validated.spec.privacy_unit_columns
+                facts |= {path.stat().st_size, frame.height, frame.select(unit).n_unique()}
+                digests |= {hashlib.sha256(path.read_bytes()).hexdigest(), file_fingerprint(path, info.format)}
+        report_path = api.plan(validated).report_path
+        report = json.loads(report_path.read_text())
+        published = [report_path, report_path.with_suffix(".md")]
+        published += [(spec.parent / q["output"]).resolve() for q in report["queries"]]
+        for path in published:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, f"{path.name}: a path"
+            assert not any(d in text for d in digests), f"{spec.name}: {path.name} holds an input's hash"
+            assert not [n for n in facts if mentions(text, n)], f"{spec.name}: {path.name} mentions {facts}"
+            assert not re.search(r"\d\d:\d\d:\d\d", text), f"{spec.name}: {path.name} holds a time of day"
