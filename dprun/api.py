@@ -13,6 +13,7 @@ The release ledger (docs/ledger.md):
     api.ledger_status(validated)                   # spent / remaining for the spec's dataset, or None
     api.read_ledger("ledger.jsonl")                # every entry, checked
     api.scaffold("data.parquet", "spec.yaml")      # a commented spec from the file's schema
+    api.verify("out/report.json")                  # the outputs are the report's release, or NotVerified
 
 Failures raise `dprun.errors.DprunError` subclasses, each with its `exit_code`.
 """
@@ -42,11 +43,12 @@ from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import Plan, QueryPlan
 from dprun.planner import make_plan
-from dprun.publish import refuse_existing, staged
+from dprun.publish import refuse_existing, staged, store_of
 from dprun.render import explanation_markdown
 from dprun.report import RELEASE_ID_KEY, input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.strict_rows import check_rows
+from dprun.verify import Verified, verify_release
 
 Progress = Callable[[str], None]
 ENGINES = ("polars", "spark")
@@ -159,7 +161,7 @@ def run(
         release_id = secrets.token_hex(8)
         digests: dict[Path, str] = {}
         entry: dict[str, Any] | None = None
-        with staged() as staging:
+        with staged(store_of(the_plan.report_path), release_id) as staging:
             for query in the_plan.queries:
                 staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query, release_id),
                                                          query.output_path, digests))
@@ -195,6 +197,15 @@ def ledger_status(spec: str | Path | ValidatedSpec, ledger: str | Path | None = 
         return None
     release = _release(validated, plan(validated))
     return ledger_mod.status(path, ledger_mod.read_entries(path), release)
+
+
+def verify(report_path: str | Path) -> Verified:
+    """Check that the files at a release's output paths are the ones its report names.
+
+    Raises `NotVerified` (exit 7) naming each output that is missing, changed, or of
+    another release; reads only the report and the outputs.
+    """
+    return verify_release(Path(report_path))
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:

@@ -42,7 +42,8 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 spec or input check failed, 2 usage or internal error,
     3 data could not be processed, 4 lifetime budget refused, 5 already released,
-    6 output or ledger could not be written (or the ledger is corrupt), 130 interrupted.
+    6 output or ledger could not be written (or the ledger is corrupt), 7 verify found
+    outputs that are not the report's release, 130 interrupted.
     """
 
 
@@ -200,6 +201,23 @@ def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | 
             "remaining": None if status.remaining is None else status.remaining.as_dict(),
         },
     }
+
+
+@cli.command()
+@click.argument("report", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
+def verify(report: Path, fmt: str) -> None:
+    """Check that the files at a release's output paths are the ones REPORT names.
+
+    Exit 0 if every output exists with the report's sha256 (and, for Parquet, its release
+    id); exit 7 naming each output that does not.
+    """
+    verified = api.verify(report)
+    if fmt == "json":
+        click.echo(json.dumps({"ok": True, "release_id": verified.release_id,
+                               "outputs": [str(p) for p in verified.outputs]}, indent=2))
+    else:
+        click.echo(f"{report}: release {verified.release_id}: {len(verified.outputs)} output(s) match")
 
 
 @cli.group()

@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     BUDGET_REFUSED = 4  # the release would exceed a lifetime budget
     ALREADY_RELEASED = 5  # this spec was already released on this data
     IO_FAILED = 6  # an output could not be written, or exists already
+    NOT_VERIFIED = 7  # `dprun verify`: the files at the output paths are not the report's release
     INTERRUPTED = 130  # SIGINT/SIGTERM; nothing was published
 
 
@@ -93,6 +94,12 @@ class BudgetRefused(DprunError):
 
 class AlreadyReleased(DprunError):
     exit_code = ExitCode.ALREADY_RELEASED
+
+
+class NotVerified(DprunError):
+    """`dprun verify`: an output is missing, changed, or from another release."""
+
+    exit_code = ExitCode.NOT_VERIFIED
 
 
 class Interrupted(DprunError):

@@ -71,7 +71,7 @@ def make_plan(validated: ValidatedSpec) -> Plan:
         total_delta=total_delta,
         noise_multiplier=multiplier,
         queries=tuple(plans),
-        report_path=loaded.resolve(spec.report),
+        report_path=loaded.target(spec.report),
     )
 
 
@@ -199,7 +199,7 @@ def _plan_query(
     public_keys = None
     if _mode(query) == "public":
         public_keys = public_keys_frame(query, validated.loaded.base_dir, input_info.schema)
-    output_path = validated.loaded.resolve(query.output.path)
+    output_path = validated.loaded.target(query.output.path)
     return QueryPlan(
         name=query.name,
         input=query.input,

@@ -1,17 +1,34 @@
-"""All-or-nothing publication of a release's files.
+"""All-or-nothing, crash-safe publication of a release's files.
 
-Every file is first written to a hidden temporary file beside its target; only
-when all of them are written are they renamed into place (a rename within one
-directory is atomic on POSIX). Any failure, SIGINT or SIGTERM before that point
-removes the temporary files and leaves existing outputs untouched; a failed rename
-while moving files into place puts the previous files back. (A crash of the machine
-in the middle of the renames can still leave some files new and some old.)
+A release's files are written into a fresh folder of a store beside the report, and one
+symbolic link, `current`, names the release that is published; every output path (and
+the report's) is a symbolic link through `current`:
+
+    out/report.json                      -> .dprun/report.json/current/<slot>
+    out/q.parquet                        -> .dprun/report.json/current/<slot>
+    out/.dprun/report.json/current       -> releases/<release id>
+    out/.dprun/report.json/releases/<release id>/<slot>   the files themselves
+
+Publishing writes and syncs the new release's folder, makes every output path such a link
+(an existing regular file there is first taken into the current release, so that the path
+keeps showing it), and then renames a new `current` link over the old one: one atomic
+rename switches every path at once. So at every instant, also after a SIGKILL or a power
+loss, the files at the output paths are the whole previous release or the whole new one
+(`dprun verify` checks it). Any failure or signal before the switch leaves the previous
+release in place and removes what this run wrote; old releases are removed after it.
+
+Writing into a store folder next to the report, rather than next to each output, is what
+lets one rename switch outputs that live in several folders.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import secrets
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,61 +38,186 @@ import polars as pl
 from dprun.errors import OutputError
 
 Writer = Callable[[Path], None]
+STORE = ".dprun"
+RELEASES = "releases"
+CURRENT = "current"
+# Tests only: seconds to pause between the steps of `commit`, so that a test can kill the
+# process at a chosen step (tests/test_publish.py). It changes nothing else.
+PAUSE_VARIABLE = "DPRUN_TEST_PUBLISH_PAUSE"
+
+
+def store_of(report: Path) -> Path:
+    """The store of the releases a report describes: one per report path, so that specs that
+    publish into the same folder keep their releases apart."""
+    return report.parent / STORE / report.name
+
+
+def slot(target: Path) -> str:
+    """The name a target's file has in every release: stable per path, so links need making once.
+
+    The hash of the whole path keeps targets of the same name in different folders apart;
+    the name, where it fits, tells a person looking into the store which file is which.
+    """
+    digest = hashlib.sha256(str(target).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    named = f"{digest}-{target.name}"
+    return named if len(named.encode("utf-8", "surrogateescape")) <= 255 else digest + target.suffix
 
 
 class Staging:
-    """Files written under temporary names, moved into place together by `commit`."""
+    """A release written into its own folder of the store, published by `commit`."""
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[Path, Path]] = []
+    def __init__(self, store: Path, release_id: str) -> None:
+        self.store = store
+        self.release = store / RELEASES / release_id
+        self._targets: list[Path] = []
+        self._undo: list[Callable[[], None]] = []
+        self._committed = False
 
     def write(self, target: Path, writer: Writer) -> None:
-        temporary = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.tmp")
-        self._pending.append((temporary, target))
+        self._targets.append(target)
         try:
+            # The target's folder is made now, so that a path that cannot be one fails before publication.
             target.parent.mkdir(parents=True, exist_ok=True)
-            writer(temporary)
+            self.release.mkdir(parents=True, exist_ok=True)
+            path = self.release / slot(target)
+            writer(path)
+            _sync(path)
         except (OSError, pl.exceptions.PolarsError) as exc:
             # Polars reports a full disk as a ComputeError or a bare OSError: say what it likely is.
             reason = getattr(exc, "strerror", None) or _first_line(exc)
             raise OutputError(f"cannot write {target}: {reason}") from None
 
     def commit(self) -> None:
-        """Move every file into place; if one move fails, put back what was moved and the old files."""
-        moved: list[tuple[Path, Path | None]] = []
+        """Link every target through `current`, then switch `current` to this release."""
+        target = self.release
         try:
-            for temporary, target in self._pending:
-                backup = None
-                if target.exists():
-                    backup = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.old")
-                    os.replace(target, backup)
-                moved.append((target, backup))
-                os.replace(temporary, target)
+            _sync_folder(self.release)
+            for target in self._targets:
+                self._link(target)
+                _pause()
+            target = self.store / CURRENT
+            self._switch()
         except OSError as exc:
-            self._roll_back(moved)
-            raise OutputError(f"cannot move outputs into place: {exc.strerror or type(exc).__name__}; "
-                              "the previous files were restored") from None
-        for _, backup in moved:
-            if backup is not None:
-                backup.unlink(missing_ok=True)
-        self._pending.clear()
-
-    @staticmethod
-    def _roll_back(moved: list[tuple[Path, Path | None]]) -> None:
-        for target, backup in reversed(moved):
-            if backup is not None:
-                os.replace(backup, target)
-            else:
-                target.unlink(missing_ok=True)
+            self._roll_back()
+            raise OutputError(f"cannot move outputs into place ({target}): {exc.strerror or type(exc).__name__}; "
+                              "the previous release is still the one published") from None
+        self._committed = True
+        _pause()
+        self._remove_leftovers()
 
     def discard(self) -> None:
-        for temporary, _ in self._pending:
+        if not self._committed:
+            self._roll_back()
+            shutil.rmtree(self.release, ignore_errors=True)
+            _remove_if_empty(self.store / RELEASES, self.store, self.store.parent)
+
+    def _link(self, target: Path) -> None:
+        """Make `target` the link to its slot through `current`, showing what it showed before."""
+        link = os.path.relpath(self.store / CURRENT / slot(target), target.parent)
+        if target.is_symlink() and os.readlink(target) == link:
+            return
+        if target.is_file():  # an earlier release's regular file (or a link to one): keep it visible
+            kept = self._current_release() / slot(target)
+            kept.unlink(missing_ok=True)  # shadowed by the file at the path, which is what readers see
+            _copy(target, kept)
+            self._undo.append(lambda: kept.unlink(missing_ok=True))
+            _replace_with_link(target, link)
+            self._undo.append(lambda: _replace_with_copy(kept, target))
+        else:
+            _replace_with_link(target, link)
+            self._undo.append(lambda: target.unlink(missing_ok=True))
+
+    def _current_release(self) -> Path:
+        """The release `current` names; the first time, a release made of the regular files found."""
+        current = self.store / CURRENT
+        if current.is_dir():
+            return current.resolve()
+        adopted = self.store / RELEASES / f"adopted-{secrets.token_hex(6)}"
+        adopted.mkdir(parents=True)
+        self._undo.append(lambda: shutil.rmtree(adopted, ignore_errors=True))
+        self._undo.append(lambda: current.unlink(missing_ok=True))
+        _replace_with_link(current, os.path.relpath(adopted, self.store))
+        return adopted
+
+    def _switch(self) -> None:
+        _pause()
+        _replace_with_link(self.store / CURRENT, os.path.relpath(self.release, self.store))
+
+    def _roll_back(self) -> None:
+        while self._undo:
             try:
-                temporary.unlink(missing_ok=True)
+                self._undo.pop()()
             except OSError:
-                # Its folder may not exist or be a file: then the temporary was never written.
+                # Best effort: the paths still show the previous release through `current`.
                 pass
-        self._pending.clear()
+
+    def _remove_leftovers(self) -> None:
+        """Older releases, and what a run killed while publishing left behind."""
+        for folder in (self.store / RELEASES).iterdir():
+            if folder != self.release:
+                shutil.rmtree(folder, ignore_errors=True)
+        for path in [self.store / CURRENT, *self._targets]:
+            for temporary in path.parent.glob(f".{glob.escape(path.name)}.dprun-*.tmp"):
+                temporary.unlink(missing_ok=True)
+
+
+def _replace_with_link(path: Path, link: str) -> None:
+    temporary = path.with_name(f".{path.name}.dprun-{secrets.token_hex(6)}.tmp")
+    os.symlink(link, temporary)
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+    _sync_folder(path.parent)
+
+
+def _replace_with_copy(source: Path, target: Path) -> None:
+    """Put a file back at `target` (a link of ours), where `rename` replaces the link atomically."""
+    temporary = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.tmp")
+    _copy(source, temporary)
+    try:
+        os.replace(temporary, target)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _copy(source: Path, destination: Path) -> None:
+    """A hard link where the file system allows it (no bytes copied), else a synced copy."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination, follow_symlinks=True)
+    except OSError:
+        shutil.copyfile(source, destination)
+        _sync(destination)
+
+
+def _sync(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_if_empty(*folders: Path) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _pause() -> None:
+    pause = os.environ.get(PAUSE_VARIABLE)
+    if pause:
+        time.sleep(float(pause))
 
 
 def _first_line(exc: Exception) -> str:
@@ -85,9 +227,9 @@ def _first_line(exc: Exception) -> str:
 
 
 @contextmanager
-def staged() -> Iterator[Staging]:
-    """A staging area that is discarded unless the block commits it."""
-    staging = Staging()
+def staged(store: Path, release_id: str) -> Iterator[Staging]:
+    """A release that is discarded unless the block commits it."""
+    staging = Staging(store, release_id)
     try:
         yield staging
     finally:

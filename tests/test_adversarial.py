@@ -286,7 +286,7 @@ def disk_full(what: str) -> Builder:
             real_write_text = Path.write_text
 
             def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
-                if self.name.startswith(".report.json"):
+                if self.name.endswith("report.json") and publish.STORE in self.parts:
                     real_write_text(self, "{")
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 return real_write_text(self, *args, **kwargs)
@@ -421,13 +421,15 @@ def target_that_is_not_a_file(what: str) -> Builder:
 
 
 def dangling_symlink_output(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
-    """The output path is a symbolic link to a file that does not exist yet: written there, as `cp` would."""
+    """The output path is a symbolic link to a file that does not exist: publication makes the path
+    dprun's own link into its release store (docs/ci.md) and writes nothing where the old link pointed."""
     good_parquet(folder, rng)
     (folder / "out").mkdir()
     (folder / "out" / "q.parquet").symlink_to(folder / "elsewhere" / "q.parquet")
 
     def check(out_folder: Path) -> None:
-        assert pl.read_parquet(out_folder / "elsewhere" / "q.parquet")["shop"].to_list() == ["a", "b"]
+        assert pl.read_parquet(out_folder / "out" / "q.parquet")["shop"].to_list() == ["a", "b"]
+        assert not (out_folder / "elsewhere").exists()
 
     return Case(write_spec(folder, spec_document()), (0,), check=check)
 

@@ -148,25 +148,25 @@ def test_a_second_identical_run_refuses_with_exit_5_and_spends_nothing(tmp_path:
     assert table["shop"].to_list() == ["s0", "s1", "s2", "s3"], f"seed={seed}"
     assert len(entries(ledger_file)) == 1, f"seed={seed}"
     ledger_before = snapshot(ledger_file)
-    outputs_before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    outputs_before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
 
     for extra in ((), ("--overwrite",)):
         result = run(spec, seed + 1, *extra)
         assert result.exit_code == 5, f"seed={seed} {extra}: exit {result.exit_code}: {everything(result)}"
         message = result.stderr
         assert message.startswith("error: already released"), f"seed={seed}: {message}"
-        assert str((tmp_path / "out" / "q.csv").resolve()) in message, f"seed={seed}: not pointed to: {message}"
-        assert str((tmp_path / "out" / "report.json").resolve()) in message, f"seed={seed}: {message}"
+        assert str(tmp_path.resolve() / "out" / "q.csv") in message, f"seed={seed}: not pointed to: {message}"
+        assert str(tmp_path.resolve() / "out" / "report.json") in message, f"seed={seed}: {message}"
         assert "--new-release" in message, f"seed={seed}: {message}"
         assert snapshot(ledger_file) == ledger_before, f"seed={seed}: the refused run changed the ledger"
-        assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == outputs_before, f"seed={seed}"
+        assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()} == outputs_before, f"seed={seed}"
 
     as_json = run(spec, seed + 2, "--format", "json")
     assert as_json.exit_code == 5
     answer = json.loads(as_json.stdout)
     assert answer["ok"] is False and answer["exit_code"] == 5
     earlier = answer["details"]["earlier_release"]
-    assert earlier["release"] == 1 and earlier["outputs"][0]["path"] == str((tmp_path / "out" / "q.csv").resolve())
+    assert earlier["release"] == 1 and earlier["outputs"][0]["path"] == str(tmp_path.resolve() / "out" / "q.csv")
 
 
 def test_new_release_spends_again_on_purpose(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_the_entry_records_the_release(tmp_path: Path) -> None:
     assert entry["dataset"].startswith("inputs-sha256:") and entry["dataset_declared"] is False
     assert entry["non_private_test_seed"] is True
     [output] = entry["outputs"]
-    assert output == {"query": "per_shop", "path": str((tmp_path / "out" / "q.csv").resolve()),
+    assert output == {"query": "per_shop", "path": str(tmp_path.resolve() / "out" / "q.csv"),
                       "sha256": sha256(tmp_path / "out" / "q.csv")}
     assert entry["report"]["sha256"] == sha256(tmp_path / "out" / "report.json")
     assert entry["report_markdown"]["sha256"] == sha256(tmp_path / "out" / "report.md")
@@ -556,7 +556,7 @@ def test_ledger_show_lists_the_releases(tmp_path: Path, monkeypatch: pytest.Monk
 
     text = invoke_clean("ledger", "show", str(ledger_file))
     assert text.exit_code == 0, everything(text)
-    assert "#1" in text.stdout and "#2" in text.stdout and str((tmp_path / "out" / "o.csv").resolve()) in text.stdout
+    assert "#1" in text.stdout and "#2" in text.stdout and str(tmp_path.resolve() / "out" / "o.csv") in text.stdout
     assert "dataset a: 1 release(s)" in text.stdout and "TEST SEED" in text.stdout
 
     as_json = json.loads(invoke_clean("ledger", "show", str(ledger_file), "--format", "json", "--dataset", "b").stdout)

@@ -25,7 +25,7 @@ from dprun_testing import everything, fresh_seed, invoke
 
 REPO = Path(__file__).resolve().parents[1]
 
-from dprun import api
+from dprun import api, publish
 from dprun.report import file_fingerprint
 
 # --- helpers -------------------------------------------------------------------------------
@@ -97,10 +97,12 @@ COUNT_AND_SUM = [{"name": "visits", "kind": "count"},
 
 
 def files_under(folder: Path) -> dict[str, bytes]:
-    """Every file below `folder`, hidden ones included, with its bytes."""
+    """Every file a reader finds below `folder` (hidden ones included, links followed) with its bytes;
+    dprun's release store `.dprun` is left out: `no_temporary_files` checks it."""
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and publish.STORE not in p.relative_to(folder).parts}
 
 
 def digest(files: dict[str, bytes]) -> dict[str, str]:
@@ -108,8 +110,13 @@ def digest(files: dict[str, bytes]) -> dict[str, str]:
 
 
 def no_temporary_files(folder: Path, seed: int) -> None:
-    leftovers = [name for name in files_under(folder) if name.endswith(".tmp") or ".dprun-" in name]
+    leftovers = [str(p) for p in folder.rglob("*") if p.name.endswith(".tmp") or ".dprun-" in p.name]
     assert not leftovers, f"seed={seed}: temporary files left behind: {leftovers}"
+    for store in folder.rglob(f"{publish.STORE}/*"):
+        folder_of_releases = store / publish.RELEASES
+        releases = sorted(p.name for p in folder_of_releases.iterdir()) if folder_of_releases.is_dir() else []
+        current = [(store / publish.CURRENT).resolve().name] if (store / publish.CURRENT).exists() else []
+        assert releases == current, f"seed={seed}: {store} holds {releases}, {current} is published"
 
 
 def two_query_spec(folder: Path, rng: np.random.Generator, second_input: str) -> Path:
@@ -267,7 +274,7 @@ def test_existing_outputs_are_refused_without_overwrite(tmp_path: Path) -> None:
               partitions={"public": SHOPS})
     spec = write_spec(tmp_path, {"visits": "visits.parquet"}, [q])
     run_ok(spec, seed)
-    output = (tmp_path / "out" / "per_shop.parquet").resolve()
+    output = tmp_path.resolve() / "out" / "per_shop.parquet"
     before = digest(files_under(tmp_path / "out"))
 
     result = run(spec, seed + 1)
@@ -445,7 +452,7 @@ def test_run_format_json_prints_one_parseable_summary(tmp_path: Path) -> None:
     result = run_ok(spec, seed, "--format", "json")
     summary = json.loads(result.stdout)
     assert summary["ok"] is True and summary["non_private_test_seed"] is True, f"seed={seed}: {summary}"
-    assert Path(summary["report"]) == (tmp_path / "out" / "report.json").resolve()
+    assert Path(summary["report"]) == tmp_path.resolve() / "out" / "report.json"
     assert [q["name"] for q in summary["queries"]] == ["per_shop", "per_day", "overall"]
     heights = {
         "per_shop": pl.read_parquet(tmp_path / "out" / "per_shop.parquet").height,

@@ -39,6 +39,16 @@ class LoadedSpec:
         candidate = Path(relative)
         return (candidate if candidate.is_absolute() else self.base_dir / candidate).resolve()
 
+    def target(self, relative: str) -> Path:
+        """A path dprun publishes to: its folder resolved, its last part kept as written.
+
+        Publication makes the path itself a symbolic link (`dprun.publish`); resolving it
+        would name the file of the release it shows now instead.
+        """
+        candidate = Path(relative)
+        candidate = candidate if candidate.is_absolute() else self.base_dir / candidate
+        return candidate.parent.resolve() / candidate.name
+
     def published_and_read(self) -> set[Path]:
         """Every file a run of this spec reads or writes, resolved."""
         return published_and_read(self.spec, self.base_dir, self.path)
