@@ -155,6 +155,11 @@ def run(
                 except OSError as exc:
                     # Reading an input (removed since validation?) or writing scratch files.
                     raise run_failure(exc, workdir) from None
+                except pl.exceptions.PanicException:
+                    raise DprunError(
+                        f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
+                        "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
+                        "Nothing was published") from None
         if release is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
                 release.input_hashes:
             raise DataError("the input files changed while dprun ran; nothing was published or spent")

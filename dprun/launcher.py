@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from types import FrameType
 from typing import NoReturn
 
@@ -18,8 +19,32 @@ def _exit_on_signals_while_starting() -> None:
 
 
 def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
-    os.write(2, b"error: interrupted while starting; nothing was published\n")
+    sys.stderr.write("error: interrupted while starting; nothing was published\n")
+    sys.stderr.flush()
     os._exit(130)
+
+
+def keep_native_stderr_private() -> None:
+    """Send what native code writes to file descriptor 2 to /dev/null; Python's `sys.stderr` keeps
+    the real stream.
+
+    A Rust panic in Polars prints its message there before Python sees the exception, and
+    the message can quote data values; so can the JVM that the Spark engine starts (it
+    inherits descriptor 2). dprun's own messages go through `sys.stderr`. With DPRUN_DEBUG
+    set, nothing is redirected.
+    """
+    if os.environ.get("DPRUN_DEBUG"):
+        return
+    try:
+        real = os.dup(2)
+    except OSError:  # no stderr at all: nothing to keep private
+        return
+    # The stream is made before descriptor 2 moves, so a failure here still shows.
+    stream = open(real, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")  # noqa: SIM115
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = stream
 
 
 def prepare_process() -> None:
@@ -32,6 +57,7 @@ def prepare_process() -> None:
 
 
 def main() -> NoReturn:
+    keep_native_stderr_private()
     _exit_on_signals_while_starting()
     prepare_process()
     # Imported only now: importing Polars and numpy starts threads, and a thread that has
