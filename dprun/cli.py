@@ -31,8 +31,16 @@ ledger_option = click.option(
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
+# Without a terminal (a CI log, a pipe) no width needs fitting: tables take the width of their
+# content, so that paths and names are never cut.
+WIDTH_WITHOUT_A_TERMINAL = 10_000
+
+
 def _console() -> Console:
-    return Console(soft_wrap=True, highlight=False)
+    console = Console(soft_wrap=True, highlight=False)
+    if console.is_terminal:
+        return console
+    return Console(soft_wrap=True, highlight=False, width=WIDTH_WITHOUT_A_TERMINAL)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

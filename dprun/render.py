@@ -60,7 +60,7 @@ def print_explanation(explanation: dict[str, Any], console: Console) -> None:
         table = Table(title=f"query {query['name']}  (ε={_num(query['epsilon_share'])}, δ={_num(query['delta_share'])})",
                       title_justify="left")
         for column in METRIC_HEADER:
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for row in metric_rows(query):
             table.add_row(*row)
         console.print(table)
@@ -101,7 +101,7 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     # Per query the standalone guarantees add up (basic composition); under pld the total below is tighter.
     epsilon = "ε (sum)" if report["accounting"] == "pld" else "ε"
     for column in ("query", "partitions released", epsilon, "δ", "output"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for query in report["queries"]:
         eps = sum(m["epsilon"] for m in query["quantities"]) + query["partitions"]["epsilon"]
         delta = sum(m["delta"] for m in query["quantities"]) + query["partitions"]["delta"]

@@ -567,3 +567,19 @@ def test_no_published_file_of_an_example_spec_holds_a_fact_about_its_inputs(tmp_
             assert not any(d in text for d in digests), f"{spec.name}: {path.name} holds an input's hash"
             assert not [n for n in facts if mentions(text, n)], f"{spec.name}: {path.name} mentions {facts}"
             assert not re.search(r"\d\d:\d\d:\d\d", text), f"{spec.name}: {path.name} holds a time of day"
+
+
+def test_without_a_terminal_the_summary_shows_long_names_and_paths_whole(tmp_path: Path) -> None:
+    seed = fresh_seed()
+    visits(np.random.default_rng(seed)).write_parquet(tmp_path / "visits.parquet")
+    name = "visits_per_shop_for_the_quarterly_public_release_of_the_shops_dashboard"
+    output = "out/" + "a_folder_name_longer_than_a_terminal_is_wide_" * 3 + "/per_shop.parquet"
+    spec = write_spec(tmp_path, {"visits": "visits.parquet"}, [
+        query(name, "visits", output, COUNT_AND_SUM, group_by=["shop"], partitions={"public": SHOPS})])
+    for command in ("run", "explain-budget"):
+        result = invoke(command, str(spec), *(("--seed", str(seed)) if command == "run" else ()))
+        assert result.exit_code == 0, f"seed={seed}: {everything(result)}"
+        assert name in result.stdout, f"seed={seed}: {command}: the query name was cut:\n{result.stdout}"
+        if command == "run":
+            assert output in result.stdout, f"seed={seed}: the output path was cut:\n{result.stdout}"
+        assert "…" not in result.stdout, f"seed={seed}: {command}: something was cut:\n{result.stdout}"
