@@ -31,24 +31,23 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from dprun import ledger as ledger_mod
 from dprun import scaffold as scaffold_mod
-from dprun.engines import polars_engine, spark_engine
-from dprun.engines.polars_steps import run_failure
 from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
-from dprun.mechanisms.sampling import RandomSource
-from dprun.plan import Plan, QueryPlan
-from dprun.planner import make_plan
 from dprun.publish import refuse_existing, staged, store_of
-from dprun.render import explanation_markdown
-from dprun.report import RELEASE_ID_KEY, input_fingerprints, release_report
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.strict_rows import check_rows
 from dprun.verify import Verified, verify_release
+
+if TYPE_CHECKING:
+    from dprun.plan import Plan, QueryPlan
+
+# numpy, the mechanisms and the engines are imported by the calls that need them (plan, run):
+# `dprun validate` and `dprun --help` start in a fraction of the time (docs/ci.md).
 
 Progress = Callable[[str], None]
 ENGINES = ("polars", "spark")
@@ -76,6 +75,8 @@ def validate(spec_path: str | Path) -> ValidatedSpec:
 
 
 def plan(validated: ValidatedSpec) -> Plan:
+    from dprun.planner import make_plan
+
     return make_plan(validated)
 
 
@@ -111,6 +112,12 @@ def run(
     while SIGINT and SIGTERM are still held off: from then on the release exists, and a
     caller that stops on a signal must no longer say that nothing was published.
     """
+    from dprun.engines import polars_engine, spark_engine
+    from dprun.engines.polars_steps import run_failure
+    from dprun.mechanisms.sampling import RandomSource
+    from dprun.render import explanation_markdown
+    from dprun.report import input_fingerprints, release_report
+
     if engine not in ENGINES:
         raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
     validated = validate(spec_path)
@@ -227,6 +234,8 @@ def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: st
 
 
 def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_mod.Release:
+    from dprun.report import input_fingerprints
+
     return ledger_mod.make_release(validated.loaded, (the_plan.total_epsilon, the_plan.total_delta),
                                    the_plan.accounting, input_fingerprints(validated.inputs))
 
@@ -303,6 +312,8 @@ def _scratch_folder() -> tempfile.TemporaryDirectory[str]:
 
 def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:
     """A Spark session from `spark_options` (pyspark is imported only now: it is optional)."""
+    from dprun.engines import spark_engine
+
     options = dict(options or {})
     if progress is not None:
         progress(f"starting Spark ({spark_engine.describe(options.get('master'), options.get('remote'))})")
@@ -310,6 +321,8 @@ def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:
 
 
 def _table_writer(table: pl.DataFrame, query: QueryPlan, release_id: str) -> Callable[[Path], None]:
+    from dprun.report import RELEASE_ID_KEY
+
     if query.output_format == "csv":
         return lambda path: table.write_csv(path)
     # The release id in the file's key-value metadata ties it to its report (`dprun verify`).

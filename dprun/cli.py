@@ -9,18 +9,20 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 
-from dprun import api
 from dprun import ledger as ledger_mod
-from dprun import scaffold as scaffold_mod
 from dprun.errors import DprunError, ExitCode, Interrupted, OutputError
-from dprun.render import explanation_markdown, print_explanation, print_summary
-from dprun.report import explain
-from dprun.spec.models import Spec
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dprun import api
+
+# Each command imports what it needs (Polars, pydantic, numpy, rich): `dprun --help` loads
+# none of them, `validate` no numpy (docs/ci.md, "Start-up time").
 
 FORMATS = click.Choice(["text", "json"])
 spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
@@ -37,6 +39,8 @@ WIDTH_WITHOUT_A_TERMINAL = 10_000
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     console = Console(soft_wrap=True, highlight=False)
     if console.is_terminal:
         return console
@@ -60,6 +64,8 @@ def cli() -> None:
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
 def validate(spec: Path, fmt: str) -> None:
     """Check the spec and the input schemas, without reading data rows."""
+    from dprun import api
+
     api.validate(spec)
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "problems": []}))
@@ -76,6 +82,10 @@ def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
 
     With a ledger, also what the spec's dataset has spent so far and what remains.
     """
+    from dprun import api
+    from dprun.render import explanation_markdown, print_explanation
+    from dprun.report import explain
+
     validated = api.validate(spec)
     explanation = explain(api.plan(validated))
     status = api.ledger_status(validated, ledger)
@@ -115,6 +125,9 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
     With a ledger, a re-run of the same spec on the same data is refused (exit 5) and a
     spend past the lifetime budget is refused (exit 4), before any data row is read.
     """
+    from dprun import api
+    from dprun.render import explanation_markdown, print_summary
+
     spark_options = _spark_options(engine, spark_master, spark_remote, spark_conf)
     console = _console()
     plain = fmt == "json" or not sys.stdout.isatty() or bool(os.environ.get("CI"))
@@ -217,9 +230,11 @@ def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | 
 def verify(report: Path, fmt: str) -> None:
     """Check that the files at a release's output paths are the ones REPORT names.
 
-    Exit 0 if every output exists with the report's sha256 (and, for Parquet, its release
-    id); exit 7 naming each output that does not.
+    Exit 0 if every output exists with the report's sha256; exit 7 naming each output
+    that does not.
     """
+    from dprun import api
+
     verified = api.verify(report)
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "release_id": verified.release_id,
@@ -241,6 +256,8 @@ def ledger() -> None:
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
 def ledger_show(path: Path | None, spec: Path | None, dataset: str | None, fmt: str) -> None:
     """List the releases in a ledger: PATH, else $DPRUN_LEDGER, else the one --spec names."""
+    from dprun import api
+
     loaded = None if spec is None or path is not None else api.validate(spec).loaded
     where = ledger_mod.resolve_path(loaded, path)
     if where is None:
@@ -288,6 +305,9 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
     The privacy unit and all bounds are left as FILL_IN placeholders to fill from domain
     knowledge; the spec fails validation until they are filled.
     """
+    from dprun import api
+    from dprun import scaffold as scaffold_mod
+
     text = api.scaffold(datafile, output, fmt)
     if output is None:
         click.echo(text, nl=False)
@@ -310,6 +330,8 @@ def schema() -> None:
 
 
 def spec_json_schema() -> dict[str, Any]:
+    from dprun.spec.models import Spec
+
     document = Spec.model_json_schema()
     document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     document["title"] = "dprun spec, version 1"

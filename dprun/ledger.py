@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dprun import __version__
 from dprun.errors import AlreadyReleased, BudgetRefused, OutputError, SpecError
-from dprun.spec import LoadedSpec
+
+if TYPE_CHECKING:  # the spec package imports Polars, which `dprun --help` does not need
+    from dprun.spec import LoadedSpec
 
 LEDGER_VERSION = 1
 ENVIRONMENT_VARIABLE = "DPRUN_LEDGER"

@@ -16,10 +16,10 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from scipy.special import ndtri
 
 from dprun import __version__
 from dprun.errors import DataError
+from dprun.mechanisms.normal import ndtri
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
 from dprun.plan import MetricPlan, Plan, QueryPlan
 from dprun.spec.input_schema import InputInfo

@@ -71,3 +71,30 @@ def test_after_the_first_signal_later_ones_are_ignored_so_cleanup_completes() ->
         handler(signal.SIGTERM, None)
     handler(signal.SIGTERM, None)
     handler(signal.SIGINT, None)
+
+
+# What each command may import (docs/ci.md, "Start-up time"): checked in a fresh interpreter.
+IMPORT_PROBE = """
+import sys
+from dprun.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sorted(sys.modules)), file=sys.__stdout__)
+"""
+
+
+@pytest.mark.parametrize(("arguments", "absent"), [
+    (["--help"], ("polars", "numpy", "pydantic", "rich", "scipy", "dprun.spec", "dprun.api")),
+    (["validate", "specs/restaurants_public.yaml"], ("numpy", "scipy", "dp_accounting", "pyarrow",
+                                                     "dprun.engines", "dprun.planner")),
+    (["explain-budget", "specs/restaurants_public.yaml"], ("scipy", "dp_accounting", "pyarrow", "dprun.engines")),
+])
+def test_commands_that_read_no_data_import_no_more_than_they_need(arguments: list[str], absent: tuple[str, ...]) -> None:
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, *arguments], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    modules = set(done.stdout.splitlines()[-1].split())
+    assert "dprun.cli" in modules, done.stdout + done.stderr
+    loaded = sorted(name for name in absent if name in modules)
+    assert not loaded, f"dprun {' '.join(arguments)} imported {loaded}"

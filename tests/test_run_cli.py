@@ -25,7 +25,7 @@ from dprun_testing import everything, fresh_seed, invoke
 
 REPO = Path(__file__).resolve().parents[1]
 
-from dprun import api, publish
+from dprun import api, publish, render
 from dprun.report import file_fingerprint
 
 # --- helpers -------------------------------------------------------------------------------
@@ -224,14 +224,14 @@ def test_an_interrupt_while_publishing_publishes_nothing(tmp_path: Path, monkeyp
     spec = two_query_spec(tmp_path, rng, "late.csv")
     run_ok(spec, seed)
     before = digest(files_under(tmp_path / "out"))
-    real_markdown = api.explanation_markdown
+    real_markdown = render.explanation_markdown
 
     def interrupted_markdown(*args: Any, **kwargs: Any) -> str:
         # Rendered while staging report.md, after both outputs and report.json are staged.
         signal.raise_signal(signal.SIGINT)
         return real_markdown(*args, **kwargs)
 
-    monkeypatch.setattr(api, "explanation_markdown", interrupted_markdown)
+    monkeypatch.setattr(render, "explanation_markdown", interrupted_markdown)
     result = run(spec, seed + 1, "--overwrite")
     assert result.exit_code == 130, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
     assert "interrupted" in result.stderr.lower(), f"seed={seed}: {result.stderr}"
@@ -241,20 +241,18 @@ def test_an_interrupt_while_publishing_publishes_nothing(tmp_path: Path, monkeyp
 
 def test_a_signal_after_publication_lets_the_run_finish_and_succeed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dprun import cli
-
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     write_csv_with_a_late_bad_value(tmp_path / "late.csv", rng, bad=None)
     spec = two_query_spec(tmp_path, rng, "late.csv")
-    real_summary = cli.print_summary
+    real_summary = render.print_summary
 
     def interrupted_summary(*args: Any, **kwargs: Any) -> None:
         # Every output is in place: stopping now would claim that nothing was published.
         signal.raise_signal(signal.SIGTERM)
         real_summary(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "print_summary", interrupted_summary)
+    monkeypatch.setattr(render, "print_summary", interrupted_summary)
     result = run(spec, seed)
     assert result.exit_code == 0, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
     assert "nothing was published" not in everything(result), f"seed={seed}: {everything(result)}"

@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.special import log_ndtr
+
+from dprun.mechanisms.normal import log_ndtr
 
 # Relative width of the final bracket around the analytic Gaussian σ (or ε).
 # The returned value is the bracket's upper end, so at most this much too large.

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy.special import log_ndtr, ndtri
 
 from dprun.mechanisms.noise import NoisePlan, add_noise, calibrate
+from dprun.mechanisms.normal import log_ndtr, ndtri
 from dprun.mechanisms.sampling import RandomSource, bernoulli
 
 # A threshold's tail must be at most (1 − this) times its target: more than the
