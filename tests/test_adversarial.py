@@ -53,9 +53,6 @@ from planted_secrets import (
 from dprun import publish
 from dprun.engines import polars_engine, polars_steps, sorted_bounding
 
-# --- running the CLI ------------------------------------------------------------------------
-
-
 # --- data and specs -------------------------------------------------------------------------
 
 
