@@ -146,7 +146,8 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
                 result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
                                  new_release=new_release, engine=engine, spark_options=spark_options,
                                  on_published=_interruption.settle)
-    except DprunError as error:
+    except (DprunError, Stop) as raised:
+        error = raised.as_error() if isinstance(raised, Stop) else raised
         _step_summary(f"## dprun run {spec}: not released (exit {int(error.exit_code)})\n\n"
                       + "".join(f"> {problem}\n" for problem in error.problems()) + "\n")
         raise
@@ -338,6 +339,15 @@ def spec_json_schema() -> dict[str, Any]:
     return document
 
 
+class Stop(BaseException):  # noqa: N818 - named for what it does, like KeyboardInterrupt
+    """What the signal handler raises: a BaseException, as KeyboardInterrupt is, so that no
+    `except Exception` in a library being imported or run at that instant can swallow it;
+    it becomes `Interrupted` (exit 130) where the CLI reports it."""
+
+    def as_error(self) -> Interrupted:
+        return Interrupted(f"interrupted by {self.args[0]}; nothing was published")
+
+
 class _Interruption:
     """The CLI's SIGINT/SIGTERM handler: stop the command, unless its outcome is already settled.
 
@@ -358,7 +368,7 @@ class _Interruption:
             # Settled by the first signal: a second one (CI cancels often send several) must
             # not cut short the removal of the scratch files the first one started.
             self.settled = True
-            raise Interrupted(f"interrupted by {signal.Signals(signum).name}; nothing was published")
+            raise Stop(signal.Signals(signum).name)
 
 
 _interruption = _Interruption()
@@ -410,6 +420,8 @@ def _handle_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
 
 def _report_failure(error: BaseException, as_json: bool) -> ExitCode:
     """Print what went wrong and give the exit code for it."""
+    if isinstance(error, Stop):
+        error = error.as_error()
     if isinstance(error, DprunError):
         _report_error(error, as_json)
         return error.exit_code

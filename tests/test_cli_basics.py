@@ -67,10 +67,23 @@ def test_unknown_command_is_a_usage_error() -> None:
 def test_after_the_first_signal_later_ones_are_ignored_so_cleanup_completes() -> None:
     """A second SIGTERM (CI cancellations send several) must not interrupt the cleanup the first began."""
     handler = dprun_cli._Interruption()
-    with pytest.raises(Interrupted, match="interrupted by SIGTERM; nothing was published"):
+    with pytest.raises(dprun_cli.Stop) as stopped:
         handler(signal.SIGTERM, None)
+    assert isinstance(stopped.value.as_error(), Interrupted)
+    assert stopped.value.as_error().message == "interrupted by SIGTERM; nothing was published"
     handler(signal.SIGTERM, None)
     handler(signal.SIGINT, None)
+
+
+def test_a_signal_cannot_be_swallowed_by_code_that_catches_exception() -> None:
+    """Lazily imported libraries run while the handler is live; their `except Exception` must not
+    eat the stop (a run once finished with exit 0 after a SIGTERM that way)."""
+    handler = dprun_cli._Interruption()
+    with pytest.raises(dprun_cli.Stop):
+        try:
+            handler(signal.SIGINT, None)
+        except Exception:  # noqa: BLE001 - what a library might do
+            pass
 
 
 # What each command may import (docs/ci.md, "Start-up time"): checked in a fresh interpreter.
