@@ -20,7 +20,6 @@ from dprun.mechanisms.sampling import (
     RandomSource,
     discrete_gaussian,
     discrete_laplace,
-    geometric,
 )
 
 Sampler = Callable[[RandomSource, float, int], np.ndarray]
@@ -28,7 +27,6 @@ Sampler = Callable[[RandomSource, float, int], np.ndarray]
 CASES: list[tuple[str, Sampler, list[float]]] = [
     ("discrete_laplace", discrete_laplace, [0.3, 1.0, 1e3, 2.0**20, 2.0**40]),
     ("discrete_gaussian", discrete_gaussian, [0.5, 2.0, 30.0, 1e4, 2.0**40]),
-    ("geometric", geometric, [1.0, 1e3, 2.0**40]),
 ]
 
 

@@ -374,7 +374,7 @@ def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[acc
 
 
 def _noise_cost(noise: NoisePlan) -> accounting.NoiseCost:
-    return accounting.NoiseCost(noise.kind, noise.parameter, noise.sensitivity)
+    return accounting.NoiseCost(noise.kind, noise.parameter, noise.sensitivity, noise.l0)
 
 
 def _pld_multiplier(plans: list[QueryPlan], epsilon: float, delta: float, rough: bool = False) -> float:

@@ -15,8 +15,7 @@ from dprun.api import plan as make_plan
 from dprun.errors import SpecError
 from dprun.api import validate
 from dprun.mechanisms import accounting
-from dprun.mechanisms.calibration import analytic_gaussian_sigma, gaussian_delta
-from dprun.mechanisms.noise import GAUSSIAN_DELTA_SLACK
+from dprun.mechanisms.calibration import analytic_gaussian_sigma, exact_gaussian_budget, gaussian_delta
 from dprun.plan import Plan
 
 DATA = pl.DataFrame({"uid": ["a", "b"], "region": ["x", "y"], "value": [1.0, 2.0]})
@@ -102,7 +101,7 @@ def test_gaussian_sigma_is_the_analytic_one_for_l2_sqrt_l0_times_linf(tmp_path: 
                           group_by=["region"], partitions={"public": ["x"]})],
     })
     noise = plan.queries[0].quantities[0].noise
-    expected = analytic_gaussian_sigma(math.sqrt(16), noise.epsilon, noise.delta - GAUSSIAN_DELTA_SLACK)
+    expected = analytic_gaussian_sigma(math.sqrt(16), *exact_gaussian_budget(noise.epsilon, noise.delta, 16))
     assert noise.std == pytest.approx(expected, rel=1e-6)
     assert gaussian_delta(noise.std, math.sqrt(16) * (1 + 2.0**noise.grid_exponent), noise.epsilon) <= noise.delta
 

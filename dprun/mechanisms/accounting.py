@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 from dprun.mechanisms import closed_form_pld
 from dprun.mechanisms.calibration import GAUSSIAN_DELTA_SLACK, gaussian_epsilon
+from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON
 
 # Privacy-loss grid of the PLDs, relative to the largest standalone ε of the
 # composed mechanisms, and at most that much in absolute terms (see `_discretization`).
@@ -54,10 +55,15 @@ class NoiseCost:
     noise: Literal["laplace", "gaussian"]
     parameter: float
     sensitivity: float
+    # Gaussian: how many released values one unit can change (its L0), for the sampler's
+    # float64 error (`calibration.exact_gaussian_budget`); Laplace is sampled exactly.
+    changed: int = 0
 
     def __post_init__(self) -> None:
         if self.noise not in ("laplace", "gaussian"):
             raise ValueError(f"noise must be 'laplace' or 'gaussian', got {self.noise!r}")
+        if self.noise == "gaussian" and self.changed < 1:
+            raise ValueError("a Gaussian NoiseCost needs `changed` >= 1, the values one unit can change")
         for name in ("parameter", "sensitivity"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
@@ -121,10 +127,12 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
     at the same σ and L2 sensitivity, which describes a discrete Gaussian only
     on a lattice fine relative to σ (as in `dprun.mechanisms.noise`; on the
     integers with σ of a few units, the discrete Gaussian's δ can be several
-    percent higher); ApproxCost as the worst case for its (ε, δ). The continuous
-    Gaussians are composed at `delta` less GAUSSIAN_DELTA_SLACK per Gaussian, the
-    gap between the lattice and the continuous Gaussian held back as calibration
-    holds it back (docs/mechanisms.md, "Accounting").
+    percent higher); ApproxCost as the worst case for its (ε, δ). As calibration does
+    for one Gaussian (`calibration.exact_gaussian_budget`), the continuous Gaussians are
+    composed at δ/(1 + F) less GAUSSIAN_DELTA_SLACK per Gaussian (the lattice's gap),
+    and F is added to the ε found, F being GAUSSIAN_SAMPLER_EPSILON per value a unit
+    can change in a Gaussian (the sampler's float64 acceptance step; docs/mechanisms.md,
+    "Accounting").
 
     Gaussian noise with few other losses (every plan `auto` makes for counts) is
     composed in closed form (`closed_form_pld`), exactly for the Gaussians; the
@@ -135,14 +143,18 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
         return 0.0
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    gaussians = sum(1 for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian")
-    continuous_delta = delta - gaussians * GAUSSIAN_DELTA_SLACK
+    gaussians = [c for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian"]
+    changed = sum(c.changed for c in gaussians)
+    # As `exact_gaussian_budget` for one Gaussian: the samplers' fold is one factor over all.
+    fold = changed * GAUSSIAN_SAMPLER_EPSILON
+    continuous_delta = delta / (1.0 + fold) - len(gaussians) * GAUSSIAN_DELTA_SLACK
     if not continuous_delta > 0:
-        raise ValueError(f"delta {delta!r} is too small for {gaussians} Gaussian mechanisms "
+        raise ValueError(f"delta {delta!r} is too small for {len(gaussians)} Gaussian mechanisms "
                          f"(each holds back {GAUSSIAN_DELTA_SLACK:.1e} for its lattice)")
     interval = _discretization(costs, continuous_delta, relative_discretization)
     closed = _closed_form_epsilon(costs, continuous_delta, interval)
-    return closed if closed is not None else _dp_accounting_epsilon(costs, continuous_delta, interval)
+    exact = closed if closed is not None else _dp_accounting_epsilon(costs, continuous_delta, interval)
+    return exact + fold
 
 
 def _closed_form_epsilon(costs: list[Cost], delta: float, interval: float) -> float | None:
@@ -196,7 +208,8 @@ def pld_noise_multiplier(
 
     def fits(k: float) -> bool:
         scaled: list[Cost] = [
-            NoiseCost(c.noise, c.parameter * k, c.sensitivity) if isinstance(c, NoiseCost) else c for c in costs
+            NoiseCost(c.noise, c.parameter * k, c.sensitivity, c.changed) if isinstance(c, NoiseCost) else c
+            for c in costs
         ]
         return pld_epsilon([*scaled, *fixed], delta, relative_discretization) <= epsilon
 

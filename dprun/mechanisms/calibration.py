@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dprun.mechanisms.normal import log_ndtr
+from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON
 
 # Relative width of the final bracket around the analytic Gaussian σ (or ε).
 # The returned value is the bracket's upper end, so at most this much too large.
@@ -32,6 +33,27 @@ DELTA_SAFETY = 1e-6
 # Calibration (`noise.calibrate`) and PLD accounting (`accounting.pld_epsilon`) both
 # take it off δ, once per Gaussian mechanism.
 GAUSSIAN_DELTA_SLACK = 2.0**-36
+
+
+def exact_gaussian_budget(epsilon: float, delta: float, changed: int) -> tuple[float, float]:
+    """The (ε, δ) to calibrate a continuous Gaussian for, so that dprun's sampled Gaussian is (ε, δ)-DP.
+
+    Two gaps lie between them: the lattice (GAUSSIAN_DELTA_SLACK of δ) and the sampler's
+    float64 acceptance step, which moves each outcome's probability by at most a factor
+    e**(±GAUSSIAN_SAMPLER_EPSILON/4): for `changed` released values that one unit can
+    change, the sampled mechanism is (ε + F, δ·(1 + F))-DP where the exact one is
+    (ε, δ)-DP, F = changed·GAUSSIAN_SAMPLER_EPSILON (`dprun.mechanisms.sampling`).
+    Returns ε − F and δ/(1 + F) − GAUSSIAN_DELTA_SLACK; either may be <= 0 (no such noise).
+    """
+    fold = changed * GAUSSIAN_SAMPLER_EPSILON
+    return epsilon - fold, delta / (1.0 + fold) - GAUSSIAN_DELTA_SLACK
+
+
+def sampled_gaussian_guarantee(exact_epsilon: float, continuous_delta: float, changed: int) -> tuple[float, float]:
+    """The inverse of `exact_gaussian_budget`: the guarantee of the sampled Gaussian whose
+    continuous counterpart is (exact_epsilon, continuous_delta)-DP."""
+    fold = changed * GAUSSIAN_SAMPLER_EPSILON
+    return exact_epsilon + fold, (continuous_delta + GAUSSIAN_DELTA_SLACK) * (1.0 + fold)
 
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:

@@ -9,9 +9,9 @@ floating-point Laplace noise leaks through its low bits, seed 000):
   mechanism, seed 002). Counts use the integer grid itself.
 * Gaussian noise is the discrete Gaussian (Canonne, Kamath, Steinke 2020) on a grid
   2**-LATTICE_BITS of σ. Its σ comes from the analytic Gaussian mechanism (Balle &
-  Wang 2018; seed 000, Theorem 16) for the grid's L2 sensitivity √L0·L∞. On a lattice
-  this fine the discrete and continuous privacy profiles differ by less than the
-  GAUSSIAN_DELTA_SLACK that is taken off δ before calibration.
+  Wang 2018; seed 000, Theorem 16) for the grid's L2 sensitivity √L0·L∞, calibrated
+  for the budget less what the lattice (GAUSSIAN_DELTA_SLACK) and the sampler's float
+  acceptance step (GAUSSIAN_SAMPLER_EPSILON) can add (`exact_gaussian_budget`).
 
 When the grid is coarser than the aggregate's own units, the aggregate is rounded to
 the grid first and the sensitivity grows by one grid unit to cover that rounding.
@@ -27,11 +27,12 @@ import numpy as np
 import polars as pl
 
 from dprun.mechanisms.calibration import (
-    GAUSSIAN_DELTA_SLACK,
     analytic_gaussian_sigma,
     discrete_laplace_std,
+    exact_gaussian_budget,
     gaussian_epsilon,
     laplace_scale,
+    sampled_gaussian_guarantee,
 )
 from dprun.mechanisms.sampling import MAX_SCALE, RandomSource, discrete_gaussian, discrete_laplace
 
@@ -77,7 +78,9 @@ class NoisePlan:
             epsilon, delta = self.sensitivity / parameter, 0.0
         else:
             delta = self.delta
-            epsilon = gaussian_epsilon(parameter, self.sensitivity, max(delta - GAUSSIAN_DELTA_SLACK, 0.0))
+            _, continuous_delta = exact_gaussian_budget(self.epsilon, delta, self.l0)
+            exact = gaussian_epsilon(parameter, self.sensitivity, max(continuous_delta, 0.0))
+            epsilon = sampled_gaussian_guarantee(exact, continuous_delta, self.l0)[0]
         return NoisePlan(self.kind, self.grid_exponent, self.linf, self.l0, parameter, epsilon, delta)
 
 
@@ -121,11 +124,14 @@ def _calibrated(
         return NoisePlan("laplace", grid, linf, l0, laplace_scale(l0 * linf, epsilon), epsilon, 0.0)
     if not gaussian_allowed(delta):
         raise ValueError(f"Gaussian noise needs a delta share of at least {MIN_GAUSSIAN_DELTA:.1e}")
-    target = delta - GAUSSIAN_DELTA_SLACK
+    exact_epsilon, target = exact_gaussian_budget(epsilon, delta, l0)
+    if not (exact_epsilon > 0 and target > 0):
+        raise ValueError("the share of the budget is too small for Gaussian noise once the samplers' "
+                         "rounding is set aside")
     real_l2 = math.ldexp(math.sqrt(l0) * linf_units, unit_exponent)
-    grid = _grid(analytic_gaussian_sigma(real_l2, epsilon, target))
+    grid = _grid(analytic_gaussian_sigma(real_l2, exact_epsilon, target))
     linf = grid_sensitivity(linf_units, unit_exponent, grid)
-    sigma = analytic_gaussian_sigma(math.sqrt(l0) * linf, epsilon, target)
+    sigma = analytic_gaussian_sigma(math.sqrt(l0) * linf, exact_epsilon, target)
     return NoisePlan("gaussian", grid, linf, l0, sigma, epsilon, delta)
 
 

@@ -6,15 +6,15 @@ deterministic stream for tests, marked ``is_test_seed = True`` so callers
 can tell a reproducible test run from a release. Samplers are vectorised over
 numpy arrays.
 
-Floating point: these are float64 implementations, not the exact
-rational-arithmetic samplers of [CKS20]. Outputs are integers, so the attack
-of [Mir12] on floating-point Laplace outputs does not apply, but the
-probability of each outcome is realised only up to rounding. floor(t * E)
-with E = -log(U) gives each integer a window of width 1/t in E, cut from a
-float64 grid of spacing about E * 2**-52; the relative error per outcome is
-therefore about t * E * 2**-52. Scales above 2**20 are split into a coarse
-and a fine part (see `geometric`) so that this error stays below about 2**-20
-for every accepted scale.
+Exactness: the discrete Laplace is sampled exactly, in integer arithmetic
+([CKS20] Algorithms 1 and 2: a uniform integer below a bound, Bernoulli(exp(-γ))
+for a rational γ, the scale t = s/r as the exact ratio of its float64 value), so
+each outcome has exactly its probability (the one cut, a geometric part above
+about 1,000, has probability below 2**-1400 and is redrawn). `bernoulli` is exact
+for the float probability it is given. The discrete Gaussian proposes from the
+exact discrete Laplace and accepts with a probability computed in float64;
+`GAUSSIAN_SAMPLER_EPSILON` bounds what that rounding changes, and the planner
+takes it out of the budget (docs/mechanisms.md, "Samplers").
 
 References:
     [CKS20] C. Canonne, G. Kamath, T. Steinke. "The Discrete Gaussian for
@@ -41,15 +41,18 @@ import numpy as np
 MAX_SCALE = 2.0**45
 """Largest accepted t or sigma: every intermediate stays an exact float64 integer below 2**53."""
 
-# A word at or above 2**52 converts to a float64 with full 53-bit relative
-# precision; below it, the uniform needs a second word to keep that precision.
-_FULL_PRECISION_WORD = 2**52
-_LARGEST_BELOW_ONE = 1.0 - 2.0**-53
-
-# Above this scale float64 resolves t * -log(U) too coarsely (see the module
-# docstring), so geometric samples are split into blocks of this size.
-_SPLIT_SCALE = 2.0**20
-_SPLIT_BLOCK = 2**20
+# The discrete Gaussian's acceptance probability exp(-γ) is computed in float64 (the
+# Bernoulli that uses it is then exact). Where γ <= 700, γ is formed to within
+# 2**-51·(γ + √(2γ)) absolute from |Y|/σ and σ/t and numpy's exp is within 4 ulp, so the
+# acceptance probability is within a factor 1 ± 2**-40.9 of the exact one; beyond, both
+# are below e**-700 < 2**-1009. Normalising by the realised acceptance rate doubles the
+# factor: every outcome's probability is within e**(±2**-39) of the exact discrete
+# Gaussian's, except for a mass below 2**-1000. So for each released value that one
+# privacy unit can change, the sampled mechanism is (ε + 2**-38, δ·(1 + 2**-38))-DP
+# where the exact one is (ε, δ)-DP (the 2**-1000 is below what float64 can hold).
+# `dprun.mechanisms.noise` calibrates for the budget less this, so the plan's stated
+# guarantee covers it (docs/mechanisms.md, "Samplers").
+GAUSSIAN_SAMPLER_EPSILON = 2.0**-38
 
 # System reads of at least this many bytes are split over two threads (`_system_bytes`).
 PARALLEL_READ_BYTES = 1 << 20
@@ -139,52 +142,17 @@ class RandomSource:
         n = _check_count(n)
         return np.frombuffer(self.random_bytes(8 * n), dtype="<u8").astype(np.uint64)
 
-    def uniform(self, n: int) -> np.ndarray:
-        """n independent uniform float64 values in the open interval (0, 1).
-
-        Each value is (w + 0.5) * 2**-64 for a uniform 64-bit word w, rounded
-        to float64. Words below 2**52 (probability 2**-12) are refined with a
-        second word, (w + (w2 + 0.5) * 2**-64) * 2**-64, so every value keeps
-        about 52 bits of relative precision down to the smallest one,
-        2**-129. Hence -log(U) reaches 89.4, and the probability mass the
-        sampler cannot produce, P(U < 2**-129), is 2**-129 < 2**-120.
-        Never returns 0 or 1: the rare word that rounds to 1.0 is returned as
-        the largest float64 below 1.
-        """
-        words = self.uint64(n)
-        values = (words.astype(np.float64) + 0.5) * 2.0**-64
-        short = np.flatnonzero(words < _FULL_PRECISION_WORD)
-        if short.size:
-            fraction = (self.uint64(short.size).astype(np.float64) + 0.5) * 2.0**-64
-            values[short] = (words[short].astype(np.float64) + fraction) * 2.0**-64
-        return np.minimum(values, _LARGEST_BELOW_ONE)
-
     def hash_seeds(self) -> tuple[int, int, int, int]:
         """Four independent uniform ints in [0, 2**64), used as keys for a row hash."""
         a, b, c, d = (int(word) for word in self.uint64(4))
         return a, b, c, d
 
 
-def geometric(source: RandomSource, t: float, n: int) -> np.ndarray:
-    """n independent geometric samples (int64) with P(G >= k) = exp(-k/t), k = 0, 1, 2, ...
-
-    G = floor(t * E) with E = -log(U) exponential(1), since
-    P(floor(tE) >= k) = P(E >= k/t) = exp(-k/t); this is the noise of the
-    geometric mechanism [GRS09]. For t above 2**20, G = m*A + B with
-    m = 2**20, A = floor((t/m) * E) and B an independent geometric of scale t
-    conditioned on B < m: by memorylessness this is the same law, and each
-    part is computed at a scale float64 resolves. Requires 0 < t <= MAX_SCALE;
-    since E <= 89.4 every result is below 2**53 and exact before the cast.
-    """
-    return _geometric(source, _check_scale("t", t), _check_count(n))
-
-
 def discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
     """n independent discrete Laplace samples (int64): P(k) ∝ exp(-|k|/t) on all integers.
 
-    The difference of two independent geometrics with the same t has exactly
-    this law [IK06]; its variance is 2e^{-1/t} / (1 - e^{-1/t})**2.
-    Requires 0 < t <= MAX_SCALE.
+    Sampled exactly ([CKS20] Algorithm 2, `_discrete_laplace`); the variance is
+    2e^{-1/t} / (1 - e^{-1/t})**2. Requires 0 < t <= MAX_SCALE.
     """
     return _discrete_laplace(source, _check_scale("t", t), _check_count(n))
 
@@ -192,10 +160,10 @@ def discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
 def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
     """n independent discrete Gaussian samples (int64): P(k) ∝ exp(-k²/(2σ²)) on all integers.
 
-    [CKS20] Algorithm 3: propose Y from a discrete Laplace with
-    t = floor(σ) + 1 and accept with probability exp(-(|Y| - σ²/t)² / (2σ²)).
-    Accepted proposals have exactly the discrete Gaussian law (up to the
-    rounding described in the module docstring); rejected
+    [CKS20] Algorithm 3: propose Y from the exact discrete Laplace with
+    t = floor(σ) + 1 and accept with probability exp(-(|Y| - σ²/t)² / (2σ²)),
+    computed in float64. Accepted proposals have the discrete Gaussian law to
+    within a factor e**(±2**-39) per outcome (`GAUSSIAN_SAMPLER_EPSILON`); rejected
     positions are redrawn, independently, until all n are filled. The
     acceptance rate is bounded below by a constant for every σ, so the
     number of rounds grows like log(n). Requires 0 < σ <= MAX_SCALE.
@@ -217,10 +185,11 @@ def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
 
 
 def bernoulli(source: RandomSource, p: np.ndarray) -> np.ndarray:
-    """A bool array shaped like p, independently True with probability p[i].
+    """A bool array shaped like p, independently True with probability exactly p[i].
 
-    True when U < p[i] for a fresh uniform U in (0, 1): p = 0 is never True
-    and p = 1 always is. Every p[i] must lie in [0, 1].
+    Each float p[i] is an exact rational, and the draw compares a uniform real with it
+    exactly (`_bernoulli_ratio`): p = 0 is never True and p = 1 always is. Every p[i]
+    must lie in [0, 1].
     """
     p = np.asarray(p, dtype=np.float64)
     if not np.all((p >= 0.0) & (p <= 1.0)):
@@ -228,32 +197,124 @@ def bernoulli(source: RandomSource, p: np.ndarray) -> np.ndarray:
     return _bernoulli(source, p)
 
 
-def _geometric(source: RandomSource, t: float, n: int) -> np.ndarray:
-    if t <= _SPLIT_SCALE:
-        return _floor_exponential(source, t, n)
-    blocks = _floor_exponential(source, t / _SPLIT_BLOCK, n)
-    return blocks * _SPLIT_BLOCK + _truncated_geometric(source, t, _SPLIT_BLOCK, n)
-
-
-def _floor_exponential(source: RandomSource, t: float, n: int) -> np.ndarray:
-    return np.floor(t * -np.log(source.uniform(n))).astype(np.int64)
-
-
-def _truncated_geometric(source: RandomSource, t: float, m: int, n: int) -> np.ndarray:
-    """Geometric of scale t conditioned on being below m, by inverting its CDF."""
-    mass_below_m = -math.expm1(-m / t)
-    fine = np.floor(t * -np.log1p(-source.uniform(n) * mass_below_m)).astype(np.int64)
-    # Exact arithmetic stays below m; rounding can reach m when U is within
-    # an ulp of 1, and m would belong to the next block.
-    return np.minimum(fine, m - 1)
-
-
 def _discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
-    return _geometric(source, t, n) - _geometric(source, t, n)
+    """[CKS20] Algorithm 2 for t = s/r (the exact ratio of the float t), vectorised.
+
+    Draw U uniform in {0, ..., s-1} and keep it with probability exp(-U/s); draw V,
+    the number of successes of Bernoulli(exp(-1)) before a failure; then X = U + s·V
+    is geometric with P(X >= x) = exp(-x/s), Y = floor(X/r) is geometric with
+    P(Y >= y) = exp(-y/t), and a random sign (redrawing -0) makes it two-sided.
+    Everything is exact integer arithmetic in uint64: s < 2**54 and V is redrawn in
+    the event V > _largest_v(s) (probability below e**-1000), which keeps X < 2**63.
+    """
+    s, r = t.as_integer_ratio()
+    out = np.empty(n, dtype=np.int64)
+    pending = np.arange(n)
+    largest_v = _largest_v(s)
+    while pending.size:
+        # About 0.63 of the proposals are kept: draw enough that one round usually fills all.
+        proposals = pending.size + pending.size // 2 + 16
+        u = _uniform_below(source, s, proposals)
+        u = u[_bernoulli_exp_minus(source, u, s)][:pending.size]
+        v = _count_exp_minus_one_successes(source, u.size)
+        x = u + np.uint64(s) * np.minimum(v, largest_v).astype(np.uint64)
+        # r is a power of two; at or above 2**64 it exceeds every X, so Y is 0.
+        y = (x // np.uint64(r) if r < 2**64 else np.zeros_like(x)).astype(np.int64)
+        negative = (np.frombuffer(source.random_bytes(u.size), dtype=np.uint8) & 1).astype(bool)
+        accepted = np.flatnonzero((v <= largest_v) & ~(negative & (y == 0)))
+        out[pending[accepted]] = np.where(negative, -y, y)[accepted]
+        pending = np.delete(pending, accepted)
+    return out
+
+
+def _largest_v(s: int) -> int:
+    """The largest V with s·(V + 1) <= 2**63 - 1, so that X = U + s·V fits an int64."""
+    return (2**63 - 1) // s - 1
+
+
+def _count_exp_minus_one_successes(source: RandomSource, n: int) -> np.ndarray:
+    """n geometric counts: successes of Bernoulli(exp(-1)) before the first failure."""
+    counts = np.zeros(n, dtype=np.int64)
+    going = np.arange(n)
+    while going.size:
+        # For γ = 1 Algorithm 1's first step, Bernoulli(γ/1), always succeeds: start at K = 2.
+        going = going[_bernoulli_exp_minus(source, np.ones(going.size, dtype=np.uint64), 1, first_k=2)]
+        counts[going] += 1
+    return counts
+
+
+def _bernoulli_exp_minus(source: RandomSource, numerator: np.ndarray, denominator: int,
+                         first_k: int = 1) -> np.ndarray:
+    """Exact Bernoulli(exp(-γ)) for each γ = numerator/denominator in [0, 1] ([CKS20] Algorithm 1).
+
+    K counts up while Bernoulli(γ/K) succeeds; P(K is odd when it stops) = Σ (-γ)^k/k! = e^{-γ}.
+    `first_k` skips steps the caller knows succeed.
+    """
+    gamma = numerator.astype(np.float64) / float(denominator)
+    go_on = _bernoulli_ratio(source, gamma / first_k, lambda i: (int(numerator[i]), denominator * first_k))
+    result = np.full(numerator.size, first_k % 2 == 1)
+    # Only the few that went on are followed by index from here.
+    pending = np.flatnonzero(go_on)
+    gamma = gamma[go_on]
+    k = first_k + 1
+    while pending.size:
+        go_on = _bernoulli_ratio(source, gamma / k, lambda i: (int(numerator[pending[i]]), denominator * k))
+        result[pending[~go_on]] = k % 2 == 1
+        pending, gamma = pending[go_on], gamma[go_on]
+        k += 1
+    return result
+
+
+def _bernoulli_ratio(source: RandomSource, ratio: np.ndarray, exact_ratio: Callable[[int], tuple[int, int]]) -> np.ndarray:
+    """Exact Bernoulli(a/b) for each position i: is Ω < a/b, for Ω a uniform real in [0, 1)?
+
+    `ratio` holds a/b in float64 to within 2**-50 relative, `exact_ratio(i)` the integers
+    a <= b. Ω's first 16 bits w decide it unless w is within 1 of ⌊2**16·a/b⌋ (the float
+    locates 2**16·a/b to within 2**-34): the positions left (3 in 2**16) are decided
+    exactly with Python integers and more random words (`_bernoulli_ratio_exactly`).
+    Sixteen bits a decision keep the CSPRNG, the samplers' bottleneck, to two bytes a draw.
+    """
+    words = np.frombuffer(source.random_bytes(2 * ratio.size), dtype="<u2").astype(np.int32)
+    floor = (ratio * float(1 << _RATIO_BITS)).astype(np.int32)
+    result = words < floor
+    for i in np.flatnonzero(np.abs(words - floor) <= 1):
+        result[i] = _bernoulli_ratio_exactly(source, int(words[i]), *exact_ratio(int(i)))
+    return result
+
+
+_RATIO_BITS = 16
+
+
+def _bernoulli_ratio_exactly(source: RandomSource, first: int, a: int, b: int) -> bool:
+    """Is Ω < a/b, where Ω's first 16 bits are `first` and 64-bit words follow as needed?"""
+    digit, a = divmod(a << _RATIO_BITS, b)  # the first 16 bits of a/b, and what is left
+    word = first
+    while word == digit:
+        word = int(source.uint64(1)[0])
+        digit, a = divmod(a << 64, b)
+    return word < digit
+
+
+def _uniform_below(source: RandomSource, bound: int, n: int) -> np.ndarray:
+    """n exact uniform integers in [0, bound) (1 <= bound < 2**63), uint64.
+
+    A 64-bit word w is kept when w < 2**64 - (2**64 mod bound), where w mod bound is
+    exactly uniform; otherwise (probability below bound/2**64) it is redrawn.
+    """
+    out = np.empty(n, dtype=np.uint64)
+    limit = np.uint64(2**64 - 2**64 % bound) if 2**64 % bound else None
+    pending = np.arange(n)
+    while pending.size:
+        words = source.uint64(pending.size)
+        kept = np.ones(pending.size, dtype=bool) if limit is None else words < limit
+        out[pending[kept]] = words[kept] % np.uint64(bound)
+        pending = pending[~kept]
+    return out
 
 
 def _bernoulli(source: RandomSource, p: np.ndarray) -> np.ndarray:
-    return source.uniform(p.size).reshape(p.shape) < p
+    flat = p.reshape(-1)
+    return _bernoulli_ratio(source, flat, lambda i: float(flat[i]).as_integer_ratio()).reshape(p.shape)
 
 
 def _check_count(n: int) -> int:

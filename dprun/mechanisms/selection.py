@@ -47,7 +47,9 @@ from dprun.mechanisms.normal import log_ndtr, ndtri
 from dprun.mechanisms.sampling import RandomSource, bernoulli
 
 # A threshold's tail must be at most (1 − this) times its target: more than the
-# relative rounding error of any tail computed below (about 2e-11 at worst).
+# relative rounding error of any tail computed below (about 2e-11 at worst), and than
+# the factor by which the sampled Gaussian's tail can exceed the exact one
+# (e**(GAUSSIAN_SAMPLER_EPSILON/4) − 1, below 1e-12; tests/mechanisms/test_selection.py).
 _TAIL_SAFETY = 1e-9
 
 
@@ -62,6 +64,7 @@ class TruncatedGeometric:
 
     def __post_init__(self) -> None:
         _check_budget(self.epsilon, self.delta, self.max_partitions, self.pre_threshold, 1)
+        _exact_partition_budget(self)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def keep_probability(m: SelectionMechanism, units: np.ndarray) -> np.ndarray:
     n = np.asarray(units, dtype=np.int64)
     eligible = n >= m.pre_threshold
     if isinstance(m, TruncatedGeometric):
-        phases = _geometric_phases(m.epsilon / m.max_partitions, m.delta / m.max_partitions)
+        phases = _geometric_phases(*_exact_partition_budget(m))
         return np.where(eligible, phases.pi(n - m.pre_threshold + 1), 0.0)
     return np.where(eligible, _noisy_threshold_keep(m, n.astype(np.float64)), 0.0)
 
@@ -189,6 +192,26 @@ def select_partitions(m: SelectionMechanism, units: np.ndarray, source: RandomSo
 
 
 # --- truncated geometric ---------------------------------------------------------
+
+# π is computed in float64 to within (nε' + 3)·2**-53 relative (see `_GeometricPhases`),
+# nε' below 50 wherever π < 1, and 1 − π is rounded once more: |π_float − π| <= 2**-46.
+# The Bernoulli draw is exact for π_float (`sampling.bernoulli`), so for each partition
+# the released decision is (ε', δ' + (1 + e^ε')·2**-46)-DP where π's is (ε', δ').
+PROBABILITY_ERROR = 2.0**-46
+
+
+def _exact_partition_budget(m: TruncatedGeometric) -> tuple[float, float]:
+    """The per-partition (ε', δ') that π is computed for: the mechanism's share for one
+    partition, less the δ its float rounding can add (PROBABILITY_ERROR)."""
+    epsilon = m.epsilon / m.max_partitions
+    # Beyond e**700 the margin is far above any δ anyway (and math.exp would overflow).
+    margin = (1.0 + math.exp(min(epsilon, 700.0))) * PROBABILITY_ERROR
+    delta = m.delta / m.max_partitions - margin
+    if not delta > 0:
+        raise ValueError(f"truncated_geometric needs a δ per partition above {margin:.1e} at this ε to "
+                         "cover its float rounding: give it more δ, or use laplace_threshold")
+    return epsilon, delta
+
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from fractions import Fraction
@@ -19,11 +20,17 @@ from dprun.mechanisms.accounting import (
     pld_epsilon,
     pld_noise_multiplier,
 )
-from dprun.mechanisms.calibration import GAUSSIAN_DELTA_SLACK, analytic_gaussian_sigma, gaussian_delta
+from dprun.mechanisms.calibration import (
+    GAUSSIAN_DELTA_SLACK,
+    analytic_gaussian_sigma,
+    exact_gaussian_budget,
+    gaussian_delta,
+)
+from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON
 
 
 def gaussian(epsilon: float, delta: float, sensitivity: float = 1.0) -> NoiseCost:
-    return NoiseCost("gaussian", analytic_gaussian_sigma(sensitivity, epsilon, delta), sensitivity)
+    return NoiseCost("gaussian", analytic_gaussian_sigma(sensitivity, epsilon, delta), sensitivity, 1)
 
 
 def mixed_costs() -> list[NoiseCost | ApproxCost]:
@@ -76,12 +83,12 @@ def test_costs_validate() -> None:
 
 @pytest.mark.parametrize(("epsilon", "delta", "sensitivity"), [(1.0, 1e-5, 1.0), (0.1, 1e-8, 3.0), (4.0, 1e-10, 2.5)])
 def test_pld_of_one_gaussian_matches_the_analytic_mechanism(epsilon: float, delta: float, sensitivity: float) -> None:
-    # Calibrated as `noise.calibrate` does: for δ less the lattice slack.
-    continuous_delta = delta - GAUSSIAN_DELTA_SLACK
-    cost = gaussian(epsilon, continuous_delta, sensitivity)
+    # Calibrated as `noise.calibrate` does: for the budget less the lattice slack and the sampler's fold.
+    exact_epsilon, continuous_delta = exact_gaussian_budget(epsilon, delta, 1)
+    cost = gaussian(exact_epsilon, continuous_delta, sensitivity)
     found = pld_epsilon([cost], delta)
     # Pessimistic: never below the exact ε, and within a few grid steps (1e-3·ε) of it.
-    assert gaussian_delta(cost.parameter, cost.sensitivity, found) <= continuous_delta
+    assert gaussian_delta(cost.parameter, cost.sensitivity, found - GAUSSIAN_SAMPLER_EPSILON) <= continuous_delta
     assert epsilon * (1 - 1e-6) <= found <= epsilon * 1.003
 
 
@@ -92,7 +99,7 @@ def test_pld_holds_back_the_lattice_slack_once_per_gaussian() -> None:
     found = pld_epsilon(costs, delta)
     composed = pld.from_gaussian_mechanism(costs[0].parameter, sensitivity=1.0, value_discretization_interval=1e-4)
     composed = composed.self_compose(3)
-    assert composed.get_delta_for_epsilon(found) <= 5 * GAUSSIAN_DELTA_SLACK * (1 + 1e-3)
+    assert composed.get_delta_for_epsilon(found - 3 * GAUSSIAN_SAMPLER_EPSILON) <= 5 * GAUSSIAN_DELTA_SLACK * (1 + 1e-3)
     # At the full δ the ε would be 1.2% smaller, well beyond the PLD grid's 0.1%.
     assert found > composed.get_epsilon_for_delta(delta) * 1.006
     with pytest.raises(ValueError, match="too small for 3 Gaussian mechanisms"):
@@ -192,7 +199,7 @@ def test_noise_multiplier_shrinks_noise_within_budget() -> None:
     assert 0.3 < k < 1.0
 
     def scaled(factor: float) -> list[NoiseCost | ApproxCost]:
-        return [NoiseCost(c.noise, c.parameter * factor, c.sensitivity) for c in noise] + fixed
+        return [dataclasses.replace(c, parameter=c.parameter * factor) for c in noise] + fixed
 
     assert pld_epsilon(scaled(k), 1e-6) <= 1.0
     assert pld_epsilon(scaled(k * (1 - 3e-4)), 1e-6) > 1.0
@@ -202,7 +209,7 @@ def test_noise_multiplier_grows_noise_when_over_budget() -> None:
     costs = [gaussian(1.0, 1e-6)] * 4
     k = pld_noise_multiplier(costs, [], 1.0, 4e-6)
     assert 1.0 < k < 2.0
-    assert pld_epsilon([NoiseCost(c.noise, c.parameter * k, c.sensitivity) for c in costs], 4e-6) <= 1.0
+    assert pld_epsilon([dataclasses.replace(c, parameter=c.parameter * k) for c in costs], 4e-6) <= 1.0
 
 
 def test_noise_multiplier_refuses_an_impossible_budget() -> None:

@@ -13,12 +13,17 @@ from hypothesis import strategies as st
 from scipy import integrate
 
 from dprun.mechanisms.calibration import (
+    GAUSSIAN_DELTA_SLACK,
     analytic_gaussian_sigma,
     discrete_laplace_std,
+    exact_gaussian_budget,
     gaussian_delta,
     gaussian_epsilon,
     laplace_scale,
+    sampled_gaussian_guarantee,
 )
+from dprun.mechanisms.noise import calibrate
+from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON
 
 EPSILONS = [1e-4, 0.1, 1.0, 5.0, 50.0]
 DELTAS = [1e-15, 1e-10, 1e-5, 0.1, 0.49]
@@ -173,3 +178,21 @@ def test_gaussian_epsilon_edges() -> None:
     assert gaussian_epsilon(1.0, 1.0, 0.0) == math.inf
     # So much noise that δ(0) is already below δ: ε = 0.
     assert gaussian_epsilon(1e9, 1.0, 1e-5) == 0.0
+
+
+@pytest.mark.parametrize(("epsilon", "delta", "l0"), [(1.0, 1e-6, 16), (0.1, 1e-9, 1), (3.0, 1e-5, 500)])
+def test_gaussian_noise_is_calibrated_for_the_budget_less_the_lattice_and_the_sampler(
+        epsilon: float, delta: float, l0: int) -> None:
+    noise = calibrate("gaussian", 0, 1, l0, epsilon, delta)
+    fold = l0 * GAUSSIAN_SAMPLER_EPSILON
+    exact_epsilon, continuous_delta = exact_gaussian_budget(epsilon, delta, l0)
+    assert (exact_epsilon, continuous_delta) == (epsilon - fold, delta / (1 + fold) - GAUSSIAN_DELTA_SLACK)
+    # σ is the analytic one for the reduced budget: what it achieves, folded back, fits the budget ...
+    achieved = gaussian_epsilon(noise.parameter, noise.sensitivity, continuous_delta)
+    assert achieved <= exact_epsilon * (1 + 1e-11)
+    folded_epsilon, folded_delta = sampled_gaussian_guarantee(achieved, continuous_delta, l0)
+    assert folded_epsilon <= epsilon * (1 + 1e-11) and folded_delta <= delta * (1 + 1e-15)
+    # ... and the plan states the budget, which includes the fold.
+    assert (noise.epsilon, noise.delta) == (epsilon, delta)
+    assert noise.scaled(1.0).epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert noise.scaled(1.0).epsilon >= folded_epsilon * (1 - 1e-12)

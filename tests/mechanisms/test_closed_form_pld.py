@@ -48,7 +48,7 @@ def optimistic_epsilon(costs: list[Cost], delta: float) -> float:
 
 def random_costs(rng: np.random.Generator) -> list[Cost]:
     """1–4 Gaussians, and maybe a selection's worst case, a discrete Laplace and a pure δ."""
-    costs: list[Cost] = [NoiseCost("gaussian", float(rng.uniform(0.5, 20.0)), float(rng.choice([1.0, 8.0, 3.5])))
+    costs: list[Cost] = [NoiseCost("gaussian", float(rng.uniform(0.5, 20.0)), float(rng.choice([1.0, 8.0, 3.5])), 1)
                          for _ in range(int(rng.integers(1, 5)))]
     if rng.random() < 0.5:
         costs.append(ApproxCost(round(float(rng.uniform(0.05, 1.0)), 2), float(rng.choice([0.0, 1e-7]))))
@@ -99,7 +99,7 @@ def test_worst_case_alone_gives_back_its_epsilon() -> None:
 
 def test_many_selections_pure_deltas_stay_in_closed_form() -> None:
     # A spec of many queries has one threshold δ each; equal losses merge, so they compose in closed form.
-    costs: list[Cost] = [NoiseCost("gaussian", 4.0 + j, 2.0) for j in range(3)] + [ApproxCost(0.0, 1e-8)] * 20
+    costs: list[Cost] = [NoiseCost("gaussian", 4.0 + j, 2.0, 1) for j in range(3)] + [ApproxCost(0.0, 1e-8)] * 20
     closed = accounting._closed_form_epsilon(costs, 1e-5, INTERVAL)
     assert closed is not None
     assert optimistic_epsilon(costs, 1e-5) * (1 - 1e-6) <= closed <= accounting._dp_accounting_epsilon(
@@ -109,7 +109,7 @@ def test_many_selections_pure_deltas_stay_in_closed_form() -> None:
 def test_too_many_discrete_losses_go_to_dp_accounting() -> None:
     big = NoiseCost("laplace", 2**30 / 0.1, float(2**30))
     assert accounting._closed_form_epsilon([big, big, big], 1e-6, 1e-3) is None
-    assert accounting._closed_form_epsilon([big, NoiseCost("gaussian", 3.0, 1.0)], 1e-6, 1e-3) is not None
+    assert accounting._closed_form_epsilon([big, NoiseCost("gaussian", 3.0, 1.0, 1)], 1e-6, 1e-3) is not None
 
 
 def test_planning_a_gaussian_release_does_not_import_dp_accounting(tmp_path) -> None:

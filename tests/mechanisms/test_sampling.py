@@ -32,7 +32,6 @@ from dprun.mechanisms.sampling import (
     bernoulli,
     discrete_gaussian,
     discrete_laplace,
-    geometric,
 )
 
 ALPHA = 1e-8
@@ -42,8 +41,6 @@ N = 10**6
 
 LAPLACE_SCALES = [0.3, 1.0, 7.5, 1e3, 2.0**40]
 GAUSSIAN_SIGMAS = [0.5, 2.0, 30.0, 1e4, 2.0**40]
-# 2**20 + 1 is the first scale geometric() splits into blocks.
-GEOMETRIC_SCALES = [0.3, 1.0, 7.5, 1e3, 2.0**20 + 1, 2.0**40]
 # Below this sigma the exact pmf is summed; above it the continuous limit
 # differs from the lattice law by O(1/sigma**2), invisible at N samples.
 SUMMED_SIGMA_LIMIT = 1e4
@@ -113,14 +110,6 @@ def gaussian_law(sigma: float) -> Law:
 
     scaled = ks / sigma
     return Law(sigma, cdf, float(np.sum(scaled**2 * pmf)), float(np.sum(scaled**4 * pmf)))
-
-
-def geometric_cdf(t: float) -> Callable[[np.ndarray], np.ndarray]:
-    def cdf(k: np.ndarray) -> np.ndarray:
-        k = np.asarray(k, dtype=np.float64)
-        return np.where(k < 0, 0.0, -np.expm1(-(np.maximum(k, -1.0) + 1.0) / t))
-
-    return cdf
 
 
 def binomial_pvalue(successes: int, trials: int, p: float) -> float:
@@ -207,58 +196,66 @@ def test_symmetric_sampler_tail_mass(name: str, scale: float, seeded: Seeded) ->
     )
 
 
-@pytest.mark.parametrize("t", GEOMETRIC_SCALES)
-def test_geometric_fits_exact_pmf(t: float, seeded: Seeded) -> None:
-    g = geometric(seeded.source, t, N)
-    assert g.dtype == np.int64 and g.shape == (N,)
-    assert g.min() >= 0, seeded.why(f"geometric({t:g}) returned a negative value")
-    p = chi_square_pvalue(g, geometric_cdf(t), t * np.linspace(0.0, 12.0, 121))
-    assert p >= ALPHA, seeded.why(f"geometric({t:g}) chi-square p = {p:.3g}")
+@pytest.mark.parametrize("bound", [1, 3, 1000, 2**53 - 1])
+def test_uniform_below_is_uniform(bound: int, seeded: Seeded) -> None:
+    u = sampling._uniform_below(seeded.source, bound, N)
+    assert u.dtype == np.uint64 and int(u.max()) < bound
+    cells = min(bound, 200)
+    counts = np.bincount((u.astype(np.float64) * cells / bound).astype(np.int64), minlength=cells)
+    expected = np.diff(np.ceil(np.arange(cells + 1) * bound / cells)) / bound * N
+    p = float(stats.chisquare(counts, expected).pvalue) if cells > 1 else 1.0
+    assert p >= ALPHA, seeded.why(f"uniform below {bound}: chi-square p = {p:.3g}")
 
 
-@pytest.mark.parametrize("t", GEOMETRIC_SCALES)
-def test_geometric_survival_is_exp_minus_k_over_t(t: float, seeded: Seeded) -> None:
-    g = geometric(seeded.source, t, N)
-    for k in sorted({1, 2, math.ceil(t), math.ceil(3 * t), math.ceil(6 * t)}):
-        exact = math.exp(-k / t)
-        hits = int(np.count_nonzero(g >= k))
-        p = binomial_pvalue(hits, N, exact)
-        assert p >= ALPHA / 5, seeded.why(
-            f"geometric({t:g}) P(G >= {k}) = {hits / N:.5g}, exact {exact:.5g}, p = {p:.3g}"
-        )
+def test_uniform_below_redraws_words_past_the_last_whole_multiple() -> None:
+    """For bound 3, 2**64 mod 3 = 1: the word 2**64 - 1 would favour 0, so it is redrawn."""
+    assert sampling._uniform_below(scripted([2**64 - 1, 5]), 3, 1).tolist() == [2]
 
 
-def test_geometric_split_blocks_have_exact_laws(seeded: Seeded) -> None:
-    """Above 2**20, G // 2**20 and G % 2**20 must follow the laws memorylessness predicts."""
-    block = 2**20
-    t = 1.5 * block
-    g = geometric(seeded.source, t, N)
-    blocks_p = chi_square_pvalue(
-        g // block, geometric_cdf(t / block), np.arange(0, 40)
-    )
-    mass_below_block = -math.expm1(-block / t)
-
-    def within_block_cdf(k: np.ndarray) -> np.ndarray:
-        k = np.clip(np.asarray(k, dtype=np.float64), -1.0, block - 1.0)
-        return -np.expm1(-(k + 1.0) / t) / mass_below_block
-
-    offsets_p = chi_square_pvalue(g % block, within_block_cdf, np.linspace(0, block, 101))
-    assert blocks_p >= ALPHA / 2, seeded.why(f"G // 2**20 chi-square p = {blocks_p:.3g}")
-    assert offsets_p >= ALPHA / 2, seeded.why(f"G % 2**20 chi-square p = {offsets_p:.3g}")
+@pytest.mark.parametrize(("numerator", "denominator"), [(0, 1), (1, 1), (1, 3), (2, 7), (999, 1000), (5, 2**53)])
+def test_bernoulli_exp_minus_gamma_has_probability_exp_minus_gamma(numerator: int, denominator: int,
+                                                                    seeded: Seeded) -> None:
+    hits = int(np.count_nonzero(sampling._bernoulli_exp_minus(
+        seeded.source, np.full(N, numerator, dtype=np.uint64), denominator)))
+    exact = math.exp(-numerator / denominator)
+    p = binomial_pvalue(hits, N, exact)
+    assert p >= ALPHA, seeded.why(f"Bernoulli(exp(-{numerator}/{denominator})) gave {hits / N:.5f}, "
+                                  f"exact {exact:.5f}, p = {p:.3g}")
 
 
-def test_geometric_reaches_far_tail() -> None:
-    """An all-zero word stream is the smallest uniform, 2**-129: -log(U) is about 89.4."""
-    zeros = RandomSource(lambda n: bytes(n), is_test_seed=True)
-    assert geometric(zeros, 1.0, 1)[0] == math.floor(129 * math.log(2))
-    largest = int(geometric(zeros, MAX_SCALE, 1)[0])
-    assert 89 * MAX_SCALE <= largest < 2**53
+def test_exp_minus_one_successes_are_geometric(seeded: Seeded) -> None:
+    v = sampling._count_exp_minus_one_successes(seeded.source, N)
+    cdf = lambda k: np.where(np.asarray(k) < 0, 0.0, 1.0 - np.exp(-(np.asarray(k, dtype=np.float64) + 1.0)))  # noqa: E731
+    p = chi_square_pvalue(v, cdf, np.arange(0, 12))
+    assert p >= ALPHA, seeded.why(f"successes of Bernoulli(exp(-1)): chi-square p = {p:.3g}")
 
 
-def test_geometric_fine_part_never_spills_into_next_block() -> None:
-    """At t = 1.5 * 2**20 the largest uniform rounds the within-block offset up to 2**20."""
-    ones = RandomSource(lambda n: b"\xff" * n, is_test_seed=True)
-    assert geometric(ones, 1.5 * 2**20, 1)[0] == 2**20 - 1
+def sixteen_bit_then(first: int, words: list[int]) -> RandomSource:
+    """A source whose first 16-bit draw is `first`, then 64-bit words."""
+    stream = bytearray(first.to_bytes(2, "little") + b"".join(w.to_bytes(8, "little") for w in words))
+
+    def read(n: int) -> bytes:
+        out = bytes(stream[:n])
+        del stream[:n]
+        return out
+
+    return RandomSource(read, is_test_seed=True)
+
+
+@pytest.mark.parametrize(("first", "words", "a", "b", "expected"), [
+    # 1/3 = 0.0101...: its first 16 bits are 0x5555, the next 64 bits 0x5555...5
+    (0x5554, [], 1, 3, True), (0x5556, [], 1, 3, False),
+    (0x5555, [0x5555555555555554], 1, 3, True), (0x5555, [0x5555555555555556], 1, 3, False),
+    (0x5555, [0x5555555555555555, 0], 1, 3, True),
+    # 1/2 = 0.1000...: Ω = 0.1000... exactly ties only with probability 0; any later 1 bit makes Ω larger
+    (0x8000, [0, 1], 1, 2, False), (0x7FFF, [], 1, 2, True),
+    (0, [0, 0, 1], 0, 1, False), (0xFFFF, [2**64 - 1], 1, 1, True),
+])
+def test_bernoulli_ratio_near_the_threshold_is_decided_exactly(first: int, words: list[int], a: int, b: int,
+                                                               expected: bool) -> None:
+    """Where the first 16 bits of Ω tie with a/b's, later 64-bit words decide, in exact integers."""
+    source = sixteen_bit_then(first, words)
+    assert sampling._bernoulli_ratio(source, np.array([a / b]), lambda i: (a, b))[0] == expected
 
 
 @pytest.mark.parametrize("p", [0.0, 1e-3, 0.5, 1.0])
@@ -298,42 +295,12 @@ def scripted(words: list[int]) -> RandomSource:
     return RandomSource(read, is_test_seed=True)
 
 
-def test_uniform_is_in_open_unit_interval(seeded: Seeded) -> None:
-    u = seeded.source.uniform(N)
-    assert u.dtype == np.float64 and u.shape == (N,)
-    assert 0.0 < u.min() and u.max() < 1.0, seeded.why("uniform left (0, 1)")
-    p = stats.kstest(u, "uniform").pvalue
-    assert p >= ALPHA, seeded.why(f"uniform KS p = {p:.3g}")
-
-
-def test_uniform_extremes_stay_inside_open_interval() -> None:
-    assert RandomSource(lambda n: bytes(n), is_test_seed=True).uniform(1)[0] == 2.0**-129
-    assert RandomSource(lambda n: b"\xff" * n, is_test_seed=True).uniform(1)[0] == 1.0 - 2.0**-53
-
-
-def test_uniform_refines_short_words_with_a_second_word() -> None:
-    u = scripted([0, 2**60, 3, 2**63, 2**62]).uniform(3)
-    assert u[0] == 2.0**-65  # (0 + (2**63 + 0.5) * 2**-64) * 2**-64, far below 2**-53
-    assert u[1] == pytest.approx(2.0**-4, rel=1e-15)
-    assert u[2] == pytest.approx(3.25 * 2.0**-64, rel=1e-15)
-
-
-def test_uniform_small_values_have_exact_frequency(seeded: Seeded) -> None:
-    u = seeded.source.uniform(4 * N)
-    for threshold in (2.0**-12, 2.0**-14):
-        hits = int(np.count_nonzero(u < threshold))
-        p = binomial_pvalue(hits, u.size, threshold)
-        assert p >= ALPHA / 2, seeded.why(f"P(U < {threshold:g}) = {hits / u.size:.4g}, p = {p:.3g}")
-
-
 def test_seeded_source_is_deterministic() -> None:
     def everything(source: RandomSource) -> list[object]:
         return [
             source.random_bytes(33),
             source.uint64(7),
-            source.uniform(100),
             source.hash_seeds(),
-            geometric(source, 3.0, 100),
             discrete_laplace(source, 2.0**30, 100),
             discrete_gaussian(source, 30.0, 100),
             bernoulli(source, np.full(100, 0.5)),
@@ -402,7 +369,7 @@ def test_hash_seeds_are_four_uint64_ints() -> None:
     assert all(type(s) is int and 0 <= s < 2**64 for s in seeds)
 
 
-@pytest.mark.parametrize("sampler", [geometric, discrete_laplace, discrete_gaussian])
+@pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
 def test_samplers_return_int64_and_handle_empty(sampler: Callable[..., np.ndarray]) -> None:
     source = RandomSource.system()
     assert sampler(source, 2.0, 0).dtype == np.int64
@@ -410,14 +377,14 @@ def test_samplers_return_int64_and_handle_empty(sampler: Callable[..., np.ndarra
     assert sampler(source, MAX_SCALE, 5).dtype == np.int64
 
 
-@pytest.mark.parametrize("sampler", [geometric, discrete_laplace, discrete_gaussian])
+@pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), 2.0 * MAX_SCALE])
 def test_samplers_reject_invalid_scale(sampler: Callable[..., np.ndarray], scale: float) -> None:
     with pytest.raises(ValueError):
         sampler(RandomSource.system(), scale, 10)
 
 
-@pytest.mark.parametrize("sampler", [geometric, discrete_laplace, discrete_gaussian])
+@pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
 def test_samplers_reject_invalid_count(sampler: Callable[..., np.ndarray]) -> None:
     with pytest.raises(ValueError):
         sampler(RandomSource.system(), 1.0, -1)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dprun.mechanisms.calibration import analytic_gaussian_sigma, gaussian_delta
-from dprun.mechanisms.noise import GAUSSIAN_DELTA_SLACK, NoisePlan, calibrate
-from dprun.mechanisms.sampling import RandomSource
+from dprun.mechanisms import selection
+from dprun.mechanisms.calibration import analytic_gaussian_sigma, exact_gaussian_budget, gaussian_delta
+from dprun.mechanisms.noise import NoisePlan, calibrate
+from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON, RandomSource
 from dprun.mechanisms.selection import (
     NoisyThreshold,
     SelectionMechanism,
@@ -132,33 +133,35 @@ def test_truncated_geometric_satisfies_the_dp_constraints(m: TruncatedGeometric)
     end = units_to_keep(m, 1.0)
     pi = keep_probability(m, np.arange(0, end + 3))
     assert pi[0] == 0.0
-    assert pi[1] == pytest.approx(delta, rel=1e-12)
+    # π is computed for δ' less what its float rounding can add (PROBABILITY_ERROR) ...
+    assert pi[1] == pytest.approx(delta - (1 + math.exp(eps)) * selection.PROBABILITY_ERROR, rel=1e-12)
     assert np.all(pi[end:] == 1.0) and pi[end - 1] < 1.0
     assert np.all(np.diff(pi) >= 0)
-    # Both directions of (ε', δ')-DP between n − 1 and n units, for "kept" and "dropped".
-    # Each branch holds with equality, so float64 rounding shows: e^{nε'} carries a
-    # relative error of about nε'·2^-53 (<= 1e-14 here), and 1 − π near 1 about 2^-52.
-    assert np.all(pi[1:] <= math.exp(eps) * pi[:-1] + delta + 1e-14 * pi[1:])
-    assert np.all(1 - pi[:-1] <= math.exp(eps) * (1 - pi[1:]) + delta + 2e-15)
+    # ... so both directions of (ε', δ')-DP between n − 1 and n units, for "kept" and
+    # "dropped", hold for the floats themselves, with the stated δ' and no tolerance.
+    assert np.all(pi[1:] <= math.exp(eps) * pi[:-1] + delta)
+    assert np.all(1 - pi[:-1] <= math.exp(eps) * (1 - pi[1:]) + delta)
 
 
 @pytest.mark.parametrize(
     ("epsilon", "delta"), [(1.0, 1e-5), (0.1, 1e-8), (0.01, 1e-3), (2.0, 0.3), (5.0, 1e-10), (0.5, 0.5)]
 )
 def test_truncated_geometric_matches_the_recursion(epsilon: float, delta: float) -> None:
-    expected = recursive_table(epsilon, delta)
-    got = keep_probability(TruncatedGeometric(epsilon, delta, 1), np.arange(expected.size + 5))
+    m = TruncatedGeometric(epsilon, delta, 1)
+    expected = recursive_table(*selection._exact_partition_budget(m))
+    got = keep_probability(m, np.arange(expected.size + 5))
     np.testing.assert_allclose(got[: expected.size], expected, rtol=1e-12, atol=1e-15)
     assert np.all(got[expected.size :] == 1.0)
 
 
 def test_truncated_geometric_pins() -> None:
     m = TruncatedGeometric(1.0, 1e-5, 1)
-    # π(11) = 1e-5 (e^11 − 1)/(e − 1) ≈ 0.348 (first branch);
-    # π(12) = 1 − e^{-1}(1 − π(11) − δ) ≈ 0.760 (second branch).
+    # δ = 1e-5 less (1 + e)·2^-46 for rounding; π(11) = δ (e^11 − 1)/(e − 1) ≈ 0.348 (first
+    # branch); π(12) = 1 − e^{-1}(1 − π(11) − δ) ≈ 0.760 (second branch).
+    delta = 1e-5 - (1 + math.e) * 2.0**-46
     pi = keep_probability(m, np.array([11, 12]))
-    assert pi[0] == pytest.approx(1e-5 * math.expm1(11) / math.expm1(1), rel=1e-12)
-    assert pi[1] == pytest.approx(1 - math.exp(-1) * (1 - pi[0] - 1e-5), rel=1e-12)
+    assert pi[0] == pytest.approx(delta * math.expm1(11) / math.expm1(1), rel=1e-12)
+    assert pi[1] == pytest.approx(1 - math.exp(-1) * (1 - pi[0] - delta), rel=1e-12)
     assert units_to_keep(m, 0.5) == 12
     # L0 = 10 divides the budget: ε' = 0.1, δ' = 1e-6.
     assert keep_probability(TruncatedGeometric(1.0, 1e-5, 10), np.array([1]))[0] == pytest.approx(1e-6)
@@ -255,8 +258,8 @@ def test_gaussian_threshold_noise_keeps_its_epsilon_delta_claim(case: tuple[floa
     assert gaussian_delta(noise.std, math.sqrt(l0), epsilon) <= delta / 2
     # ... and it is the analytic Gaussian σ for (ε, δ/2 − the lattice slack), no larger.
     assert noise.std >= analytic_gaussian_sigma(math.sqrt(l0), epsilon, delta / 2)
-    target = delta / 2 - GAUSSIAN_DELTA_SLACK
-    assert noise.std == pytest.approx(analytic_gaussian_sigma(math.sqrt(l0), epsilon, target), rel=1e-9)
+    exact_epsilon, target = exact_gaussian_budget(epsilon, delta / 2, l0)
+    assert noise.std == pytest.approx(analytic_gaussian_sigma(math.sqrt(l0), exact_epsilon, target), rel=1e-9)
     # In grid units: σ for L2 = √L0 · linf with linf = 1/h.
     assert noise.linf == 2 ** -noise.grid_exponent
     assert noise.sensitivity == pytest.approx(math.sqrt(l0) * noise.linf, rel=1e-15)
@@ -480,3 +483,8 @@ def test_select_partitions_handles_empty_input_and_rejects_negative_units() -> N
         assert select_partitions(m, np.array([], dtype=np.int64), source).shape == (0,)
         with pytest.raises(ValueError):
             select_partitions(m, np.array([1, -1]), source)
+
+
+def test_threshold_tails_leave_room_for_the_sampled_gaussian() -> None:
+    """The sampled Gaussian's tail is at most e**(GAUSSIAN_SAMPLER_EPSILON/4) times the exact one."""
+    assert selection._TAIL_SAFETY > 100 * math.expm1(GAUSSIAN_SAMPLER_EPSILON)
