@@ -31,7 +31,7 @@ def verify_release(report_path: Path) -> Verified:
     base = report_path.parent / report["spec_folder"]
     problems, outputs = [], []
     for query in report["queries"]:
-        path = Path(os.path.normpath(base / query["output"]))
+        path = Path(os.path.abspath(base / query["output"]))
         outputs.append(path)
         problem = _output_problem(path, query["output_sha256"])
         if problem is not None:
