@@ -40,7 +40,7 @@ def exact_gaussian_budget(epsilon: float, delta: float, changed: int) -> tuple[f
 
     Two gaps lie between them: the lattice (GAUSSIAN_DELTA_SLACK of δ) and the sampler's
     float64 acceptance step, which moves each outcome's probability by at most a factor
-    e**(±GAUSSIAN_SAMPLER_EPSILON/4): for `changed` released values that one unit can
+    e**(±GAUSSIAN_SAMPLER_EPSILON/2): for `changed` released values that one unit can
     change, the sampled mechanism is (ε + F, δ·(1 + F))-DP where the exact one is
     (ε, δ)-DP, F = changed·GAUSSIAN_SAMPLER_EPSILON (`dprun.mechanisms.sampling`).
     Returns ε − F and δ/(1 + F) − GAUSSIAN_DELTA_SLACK; either may be <= 0 (no such noise).

@@ -265,7 +265,8 @@ def _bernoulli_exp_minus(source: RandomSource, numerator: np.ndarray, denominato
     return result
 
 
-def _bernoulli_ratio(source: RandomSource, ratio: np.ndarray, exact_ratio: Callable[[int], tuple[int, int]]) -> np.ndarray:
+def _bernoulli_ratio(source: RandomSource, ratio: np.ndarray,
+                     exact_ratio: Callable[[int], tuple[int, int]]) -> np.ndarray:
     """Exact Bernoulli(a/b) for each position i: is Ω < a/b, for Ω a uniform real in [0, 1)?
 
     `ratio` holds a/b in float64 to within 2**-50 relative, `exact_ratio(i)` the integers

@@ -49,7 +49,7 @@ from dprun.mechanisms.sampling import RandomSource, bernoulli
 # A threshold's tail must be at most (1 − this) times its target: more than the
 # relative rounding error of any tail computed below (about 2e-11 at worst), and than
 # the factor by which the sampled Gaussian's tail can exceed the exact one
-# (e**(GAUSSIAN_SAMPLER_EPSILON/4) − 1, below 1e-12; tests/mechanisms/test_selection.py).
+# (e**(GAUSSIAN_SAMPLER_EPSILON/2) − 1, about 2e-12; tests/mechanisms/test_selection.py).
 _TAIL_SAFETY = 1e-9
 
 

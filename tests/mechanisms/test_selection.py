@@ -486,5 +486,5 @@ def test_select_partitions_handles_empty_input_and_rejects_negative_units() -> N
 
 
 def test_threshold_tails_leave_room_for_the_sampled_gaussian() -> None:
-    """The sampled Gaussian's tail is at most e**(GAUSSIAN_SAMPLER_EPSILON/4) times the exact one."""
+    """The sampled Gaussian's tail is at most e**(GAUSSIAN_SAMPLER_EPSILON/2) times the exact one."""
     assert selection._TAIL_SAFETY > 100 * math.expm1(GAUSSIAN_SAMPLER_EPSILON)
