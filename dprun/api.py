@@ -40,7 +40,7 @@ from dprun import scaffold as scaffold_mod
 from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
 from dprun.publish import refuse_existing, staged, store_of
 from dprun.spec import ValidatedSpec, validate_spec
-from dprun.strict_rows import check_rows
+from dprun.spec.strict_rows import check_rows
 from dprun.verify import Verified, verify_release
 
 if TYPE_CHECKING:
@@ -142,6 +142,9 @@ def run(
             if progress is not None and validated.inputs[name].format != "parquet":
                 progress(f"checking the rows of input {name}")
             check_rows(validated.inputs[name])
+        if engine == "spark":
+            for name in sorted({q.input for q in the_plan.queries}):
+                spark_engine.refuse_unreadable(validated.inputs[name])
         spark = _spark(spark_options, progress) if engine == "spark" else None
         source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
         tables: dict[str, pl.DataFrame] = {}

@@ -117,7 +117,8 @@ def ragged_csv(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -
     lines = ["uid,shop,v"] + [f"u{i},a,{i % 50}" for i in range(200)]
     lines.insert(50, f"{SECRET_ID},b,1,{SECRET_VALUE}")  # one field too many
     (folder / "data.csv").write_text("\n".join(lines) + "\n")
-    return Case(write_spec(folder, spec_document("data.csv")), (3,), r"line 51 has 4 fields, the header has 3")
+    # Within the rows the schema is inferred from, so `validate`'s sample check finds it (exit 1).
+    return Case(write_spec(folder, spec_document("data.csv")), (1,), r"line 51 has 4 fields, the header has 3")
 
 
 def strings_in_the_schema_sample(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:

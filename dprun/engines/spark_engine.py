@@ -505,13 +505,42 @@ def _scan(spark: SparkSession, info: InputInfo) -> DataFrame:
         # Floats are read as text and cast: Spark's CSV parser rejects "inf", which Polars reads.
         floats = {name for name, dtype in info.schema.items() if dtype in (pl.Float32, pl.Float64)}
         text = {name: (pl.String if name in floats else dtype) for name, dtype in info.schema.items()}
-        frame = (spark.read.schema(_spark_schema(text)).option("header", True).option("mode", "FAILFAST")
-                 .option("escape", '"').option("enforceSchema", False).csv(paths))
+        reading = _spark_csv_options(info)
+        frame = (spark.read.schema(_spark_schema(text)).options(**reading).option("mode", "FAILFAST")
+                 .option("enforceSchema", not info.reading.has_header).csv(paths))
         for name in floats:
             kind = "float" if info.schema[name] == pl.Float32 else "double"
             frame = frame.withColumn(name, _col(name).cast(kind))
         return frame.select(*[_col(name).alias(name) for name in info.schema])
     return spark.read.schema(_spark_schema(info.schema)).option("mode", "FAILFAST").json(paths)
+
+
+def refuse_unreadable(info: InputInfo) -> None:
+    """Stop, before Spark starts, if the input's reading options are ones Spark cannot follow as Polars does."""
+    reading = info.reading
+    refused = [what for what, found in (
+        ("more than one null value", len(reading.null_values) > 1),
+        ("a comment prefix of more than one character", len(reading.comment_prefix or "") > 1),
+        ("date or datetime columns", any(k.type in ("date", "datetime") for k in reading.column_types().values())),
+        ("utf8-lossy encoding", reading.encoding == "utf8-lossy"),
+    ) if found]
+    if refused:
+        raise DprunError(f"--engine spark cannot read input '{info.name}' as its spec says ({', '.join(refused)}); "
+                         "run it with the Polars engine")
+
+
+def _spark_csv_options(info: InputInfo) -> dict[str, str]:
+    """The input's CSV reading options in Spark's words (`refuse_unreadable` has checked them)."""
+    reading = info.reading
+    options = {"header": str(reading.has_header).lower(), "sep": reading.separator,
+               # No quote character: Spark takes the NUL character to mean none.
+               "quote": reading.quote_char if reading.quote_char is not None else "\u0000",
+               "escape": reading.quote_char or "\\"}
+    if reading.null_values:
+        options["nullValue"] = reading.null_values[0]
+    if reading.comment_prefix:
+        options["comment"] = reading.comment_prefix
+    return options
 
 
 def _spark_type(dtype: Any) -> Any:

@@ -13,10 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dprun.errors import Problem, SpecError
-from dprun.spec.input_schema import InputInfo, inspect_inputs
+from dprun.errors import DataError, Problem, SpecError
+from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, InputInfo, inspect_inputs
 from dprun.spec.models import Spec
 from dprun.spec.rules import Finding, published_and_read, spec_findings
+from dprun.spec.strict_rows import check_rows
 from dprun.spec.yaml_loader import FieldPath, Marks, dotted, load_document, locate
 
 __all__ = ["LoadedSpec", "ValidatedSpec", "load_spec", "validate_spec", "Spec"]
@@ -89,9 +90,21 @@ def load_spec(path: Path) -> LoadedSpec:
 def validate_spec(path: Path) -> ValidatedSpec:
     loaded = load_spec(path)
     inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir)
+    findings += _sample_row_findings(inputs)
     if findings:
         raise SpecError(loaded.problems(findings))
     return ValidatedSpec(loaded=loaded, inputs=inputs)
+
+
+def _sample_row_findings(inputs: dict[str, InputInfo]) -> list[Finding]:
+    """The strict row check on the rows the schema was inferred from (`strict_rows`)."""
+    findings: list[Finding] = []
+    for name, info in inputs.items():
+        try:
+            check_rows(info, limit=SCHEMA_SAMPLE_ROWS)
+        except DataError as exc:
+            findings.append((("inputs", name, "path"), exc.message))
+    return findings
 
 
 def _problem(filename: str, marks: Marks, path: FieldPath, message: str) -> Problem:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import glob
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import polars as pl
 
-from dprun.spec.models import KINDS_WITH_VALUES, Query, Spec
+from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputSpec, Query, Spec
 from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
@@ -24,12 +26,22 @@ SCHEMA_SAMPLE_ROWS = 1000
 SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".ndjson": "ndjson", ".jsonl": "ndjson"}
 
 
+# The types a spec's `columns` can give, as Polars types (dates are read as text, then parsed).
+COLUMN_TYPES: dict[str, pl.DataType] = {
+    "int64": pl.Int64(), "float64": pl.Float64(), "string": pl.String(), "bool": pl.Boolean(),
+    "date": pl.Date(), "datetime": pl.Datetime("us"),
+}
+
+
 @dataclass(frozen=True)
 class InputInfo:
+    """An input as validated: its files, format, how to read them, and the schema the engines see."""
+
     name: str
     paths: tuple[Path, ...]
     format: str
     schema: dict[str, pl.DataType]
+    reading: InputSpec
 
 
 def input_format(path: str, declared: str | None) -> str | None:
@@ -46,37 +58,84 @@ def resolve_paths(pattern: str, base_dir: Path) -> tuple[Path, ...]:
 
 
 def scan(info: InputInfo) -> pl.LazyFrame:
-    """A lazy scan of an input with the schema fixed at validation time."""
-    sources = [str(p) for p in info.paths]
-    if info.format == "parquet":
-        return pl.scan_parquet(sources)
-    if info.format == "csv":
-        return pl.scan_csv(sources, schema=info.schema)
-    return pl.scan_ndjson(sources, schema=info.schema)
+    """A lazy scan of an input with the schema fixed at validation time and its columns typed."""
+    types = info.reading.column_types()
+    read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
+               for name, dtype in info.schema.items()}
+    return _typed(_scan(info.paths, info.format, info.reading, schema=read_as), types)
 
 
-def read_schema(paths: tuple[Path, ...], fmt: str) -> dict[str, pl.DataType]:
+def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec | None = None) -> dict[str, pl.DataType]:
+    """The schema the engines will see: from Parquet footers, or inferred from the first
+    SCHEMA_SAMPLE_ROWS rows of CSV/NDJSON, with the spec's `columns` types in place."""
+    reading = reading if reading is not None else InputSpec(path=str(paths[0]))
+    inferred = dict(_scan(paths, fmt, reading).collect_schema())
+    # A typed column the input lacks is left to the caller to name (`inspect_inputs`).
+    types = {name: kind for name, kind in reading.column_types().items() if name in inferred}
+    if not types:
+        return inferred
+    overrides = {name: (pl.String() if _parsed(kind) else COLUMN_TYPES[kind.type]) for name, kind in types.items()}
+    return dict(_typed(_scan(paths, fmt, reading, overrides=overrides), types).collect_schema())
+
+
+def _scan(paths: tuple[Path, ...], fmt: str, reading: InputSpec, *, schema: dict[str, pl.DataType] | None = None,
+          overrides: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
     sources = [str(p) for p in paths]
     if fmt == "parquet":
-        frame = pl.scan_parquet(sources)
-    elif fmt == "csv":
-        frame = pl.scan_csv(sources, infer_schema_length=SCHEMA_SAMPLE_ROWS)
-    else:
-        frame = pl.scan_ndjson(sources, infer_schema_length=SCHEMA_SAMPLE_ROWS)
-    return dict(frame.collect_schema())
+        return pl.scan_parquet(sources)
+    if fmt == "csv":
+        return pl.scan_csv(sources, schema=schema, schema_overrides=None if schema else overrides,
+                           infer_schema_length=SCHEMA_SAMPLE_ROWS, separator=reading.separator,
+                           quote_char=reading.quote_char, null_values=reading.null_values or None,
+                           has_header=reading.has_header, encoding=reading.encoding,
+                           comment_prefix=reading.comment_prefix)
+    return pl.scan_ndjson(sources, schema=schema, schema_overrides=None if schema else overrides,
+                          infer_schema_length=SCHEMA_SAMPLE_ROWS)
 
 
-def _header_names_twice(paths: tuple[Path, ...]) -> list[str]:
+def _parsed(kind: ColumnType) -> bool:
+    """Dates and datetimes are read as text and parsed with their format (strictly)."""
+    return kind.type in ("date", "datetime")
+
+
+def _typed(frame: pl.LazyFrame, types: dict[str, ColumnType]) -> pl.LazyFrame:
+    """Every column the spec types, as that type: dates parsed, others cast strictly."""
+    conversions = []
+    for name, kind in types.items():
+        column = pl.col(name)
+        if kind.type == "date":
+            conversions.append(column.cast(pl.String).str.to_date(kind.format, strict=True))
+        elif kind.type == "datetime":
+            conversions.append(column.cast(pl.String).str.to_datetime(kind.format, time_unit="us", strict=True))
+        else:
+            conversions.append(column.cast(COLUMN_TYPES[kind.type], strict=True))
+    return frame.with_columns(conversions) if conversions else frame
+
+
+def _header_names_twice(paths: tuple[Path, ...], reading: InputSpec) -> list[str]:
     """Column names a CSV header repeats (Polars would rename the second one and read on)."""
     twice: set[str] = set()
     for path in paths:
         try:
             with path.open(encoding="utf-8-sig", errors="replace", newline="") as handle:
-                header = next(csv.reader(handle), [])
+                header = next((row for row in csv_rows(handle, reading) if row), [])
         except (OSError, csv.Error):
             continue  # Polars has read the schema; whatever fails here fails in the row check too
         twice |= {name for name in header if header.count(name) > 1}
     return sorted(twice)
+
+
+def csv_rows(handle: TextIO, reading: InputSpec) -> Iterator[list[str]]:
+    """The rows of a CSV text as Python's csv module reads them with the input's options
+    (separator, quote, comment lines skipped as Polars skips them)."""
+    quoting = csv.QUOTE_NONE if reading.quote_char is None else csv.QUOTE_MINIMAL
+    lines: Iterable[str] = handle
+    if reading.comment_prefix is not None:
+        prefix = reading.comment_prefix
+        # A comment line reads as an empty row, which every caller skips: line numbers stay true.
+        lines = ("\n" if line.startswith(prefix) else line for line in handle)
+    rows = csv.reader(lines, delimiter=reading.separator, quotechar=reading.quote_char or '"', quoting=quoting)
+    return rows
 
 
 def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], list[Finding]]:
@@ -92,19 +151,29 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
         if not paths:
             findings.append((at, f"no file matches '{declared.path}' (relative to the spec file's folder)"))
             continue
+        misplaced = [option for option in CSV_OPTIONS if option in declared.model_fields_set]
+        if fmt != "csv" and misplaced:
+            findings.append((("inputs", name, misplaced[0]), f"`{misplaced[0]}` is a reading option for CSV "
+                             f"inputs; this input is {fmt}"))
+            continue
         try:
-            schema = read_schema(paths, fmt)
+            schema = read_schema(paths, fmt, declared)
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
-            findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} file?"))
+            findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} "
+                             "file, and do its reading options fit it?"))
+            continue
+        unknown = [column for column in declared.columns if column not in schema]
+        if unknown:
+            findings.append((("inputs", name, "columns", unknown[0]), f"column '{unknown[0]}' is not in the input"))
             continue
         if not schema:
             findings.append((at, "the input has no columns (empty file?)"))
             continue
-        twice = _header_names_twice(paths) if fmt == "csv" else []
+        twice = _header_names_twice(paths, declared) if fmt == "csv" and declared.has_header else []
         if twice:
             findings.append((at, f"the CSV header names column(s) {', '.join(twice)} more than once"))
             continue
-        infos[name] = InputInfo(name, paths, fmt, schema)
+        infos[name] = InputInfo(name, paths, fmt, schema, declared)
     for index, query in enumerate(spec.queries):
         info = infos.get(query.input)
         if info is not None:

@@ -74,9 +74,46 @@ class Budget(Strict):
         return self
 
 
+ColumnTypeName = Literal["int64", "float64", "string", "bool", "date", "datetime"]
+# Reading options that only a CSV file has (`input_schema` refuses them for other formats).
+CSV_OPTIONS = ("separator", "quote_char", "null_values", "has_header", "encoding", "comment_prefix")
+
+
+class ColumnType(Strict):
+    type: ColumnTypeName
+    format: str | None = Field(default=None, min_length=1,
+                               description="date/datetime: a strftime-style format such as %d/%m/%Y.")
+
+    @model_validator(mode="after")
+    def _format_for_dates(self) -> ColumnType:
+        if self.format is not None and self.type not in ("date", "datetime"):
+            raise ValueError(f"`format` is only for date and datetime columns, not {self.type}")
+        return self
+
+
 class InputSpec(Strict):
     path: PathText = Field(description="A file or a glob; relative to the spec file.")
     format: Literal["csv", "parquet", "ndjson"] | None = None
+    separator: str = Field(default=",", min_length=1, max_length=1, description="CSV: the field separator.")
+    quote_char: str | None = Field(default='"', min_length=1, max_length=1,
+                                   description="CSV: the quote character; null for none.")
+    null_values: list[str] = Field(default_factory=list, description="CSV: texts that mean a missing value.")
+    has_header: bool = Field(default=True, description="CSV: the first line names the columns.")
+    encoding: Literal["utf8", "utf8-lossy"] = "utf8"
+    comment_prefix: str | None = Field(default=None, min_length=1, max_length=5,
+                                       description="CSV: lines starting with this are skipped.")
+    columns: dict[str, ColumnTypeName | ColumnType] = Field(
+        default_factory=dict, description="Column types to read with, instead of inferring them.")
+
+    @field_validator("separator", "quote_char")
+    @classmethod
+    def _one_byte(cls, value: str | None) -> str | None:
+        if value is not None and (len(value.encode("utf-8")) != 1 or value in "\r\n"):
+            raise ValueError("must be one ASCII character other than a line break")
+        return value
+
+    def column_types(self) -> dict[str, ColumnType]:
+        return {name: ColumnType(type=kind) if isinstance(kind, str) else kind for name, kind in self.columns.items()}
 
 
 class Partitions(Strict):

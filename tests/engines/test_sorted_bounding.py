@@ -21,6 +21,7 @@ from dprun import api
 from dprun.engines import polars_engine, sorted_bounding
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
+from dprun.spec.models import InputSpec
 
 
 def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:
@@ -117,7 +118,7 @@ def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, m
 def codes_of(frame: pl.DataFrame, tmp_path: Path) -> sorted_bounding.Codes | None:
     path = tmp_path / "codes.csv"
     frame.write_csv(path)
-    info = InputInfo("data", (path,), "csv", dict(frame.schema))
+    info = InputInfo("data", (path,), "csv", dict(frame.schema), InputSpec(path=str(path)))
     return sorted_bounding.codes_for(pl.scan_csv(path, schema=frame.schema), "uid", "key", info)
 
 

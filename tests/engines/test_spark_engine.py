@@ -35,7 +35,7 @@ pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip insta
 
 from dprun import api
 from dprun.engines import spark_engine
-from dprun.errors import DataError
+from dprun.errors import DataError, DprunError
 from dprun.mechanisms.sampling import RandomSource
 
 try:
@@ -419,6 +419,38 @@ def test_a_bad_value_fails_the_run_without_showing_the_value(
     captured = capfd.readouterr()
     assert "secret-4711" not in failure.value.message + captured.out + captured.err
     assert not (tmp_path / "out").exists()
+
+
+def reading_spec(folder: Path, reading: dict[str, Any]) -> Path:
+    spec = {
+        "version": 1, "name": "reading", "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 0.0},
+        "inputs": {"d": {"path": "data.csv", **reading}},
+        "queries": [{"name": "q", "input": "d", "group_by": ["g"], "partitions": {"public": ["a", "b"]},
+                     "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 2},
+                     "metrics": [{"name": "n", "kind": "count"},
+                                 {"name": "s", "kind": "sum", "column": "x", "bounds": [0, 10]}],
+                     "output": {"path": "out/q.parquet"}}],
+        "report": "out/report.json",
+    }
+    (folder / "spec.yaml").write_text(json.dumps(spec))
+    return folder / "spec.yaml"
+
+
+def test_csv_reading_options_give_the_same_release_on_both_engines(tmp_path: Path, spark: Any) -> None:
+    lines = ["# made by a test", "uid;g;x"] + [f"{i};{'ab'[i % 2]};{'NA' if i % 7 == 0 else i % 11}" for i in range(400)]
+    (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
+    spec = reading_spec(tmp_path, {"separator": ";", "null_values": ["NA"], "comment_prefix": "#",
+                                   "columns": {"x": "float64"}})
+    polars_tables, spark_tables = run_both(spec, spark)
+    assert_identical(polars_tables, spark_tables)
+
+
+def test_reading_options_spark_cannot_follow_are_refused_before_spark_starts(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("uid,g,x\n1,a,NA\n2,b,-\n3,a,4\n")
+    spec = reading_spec(tmp_path, {"null_values": ["NA", "-"]})
+    with pytest.raises(DprunError, match=r"--engine spark cannot read input 'd' as its spec says \(more than one "
+                                         r"null value\); run it with the Polars engine"):
+        api.run(spec, seed=1, engine="spark", spark_options={"master": "local[1]"})
 
 
 @pytest.mark.skipif(not os.environ.get("DPRUN_TEST_SPARK_REMOTE"),

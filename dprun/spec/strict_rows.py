@@ -1,0 +1,155 @@
+"""Every CSV and NDJSON row is well formed before any of it is counted.
+
+Polars reads leniently where a release must not: a CSV row with fewer fields than the
+header gets nulls for the missing ones, and an NDJSON value that is an object or a list
+in a column of plain values is read as its JSON text. Either way a malformed row would
+be counted. So before a plan runs, each CSV and NDJSON input is read once, row by row,
+with Python's `csv` and `json` modules (Polars has no strict mode for these cases), and
+the first malformed row stops the run with its file, line and column, never its values.
+A CSV value in a column the spec types (`columns`) must parse as that type; other values
+are Polars' to parse, and a failure there is reported without a line (exit 3 too).
+
+`validate` runs the same check on the first SCHEMA_SAMPLE_ROWS rows of each file.
+
+Cost: one extra pass over the file, about 0.3 s per million short CSV rows and a few
+times that for NDJSON on the benchmark machine (docs/spec.md, "inputs"). Parquet files
+carry their schema per file and need no such pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import re
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import TextIO
+
+import polars as pl
+
+from dprun.errors import DataError
+from dprun.spec.input_schema import InputInfo, csv_rows
+from dprun.spec.models import ColumnType, InputSpec
+
+# What Polars' CSV reader takes for these types (it strips surrounding blanks).
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf|infinity|nan)\s*", re.IGNORECASE)
+_BOOLEAN = re.compile(r"\s*(true|false)\s*", re.IGNORECASE)
+
+
+def check_rows(info: InputInfo, limit: int | None = None) -> None:
+    """Raise DataError at the first malformed row of a CSV or NDJSON input (of its first
+    `limit` rows per file, if given); Parquet passes."""
+    for path in info.paths:
+        try:
+            if info.format == "csv":
+                _check_csv(path, info, limit)
+            elif info.format == "ndjson":
+                _check_ndjson(path, _plain_columns(info.schema), limit)
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
+                            "changed or removed while dprun ran?") from None
+
+
+def _check_csv(path: Path, info: InputInfo, limit: int | None) -> None:
+    reading = info.reading
+    with _csv_text(path) as handle:
+        reader = csv_rows(handle, reading)
+        rows = (row for row in reader if row)  # blank lines (and comment lines) are skipped
+        first = next(rows, [])
+        width = len(first)
+        # Without a header the columns have the names Polars gave them, in file order.
+        names = first if reading.has_header else list(info.schema)
+        checks = _value_checks(names, reading)
+        if not reading.has_header:
+            rows = _prepend(first, rows)
+        try:
+            for row in islice(rows, limit):
+                if len(row) != width:
+                    raise DataError(f"{path}: line {reader.line_num} has {len(row)} fields, the header has "
+                                    f"{width}; fix or remove the row (nothing was counted)")
+                for index, name, kind, parses in checks:
+                    text = row[index]
+                    if text and text not in reading.null_values and not parses(text):
+                        raise DataError(f"{path}: line {reader.line_num}: column '{name}' does not parse as "
+                                        f"{_described(kind)}; fix the row (nothing was counted)")
+        except csv.Error:
+            raise DataError(f"{path}: line {reader.line_num} is not valid CSV (an unterminated quote?); "
+                            "fix the row (nothing was counted)") from None
+
+
+def _prepend(first: list[str], rows: Iterator[list[str]]) -> Iterator[list[str]]:
+    yield first
+    yield from rows
+
+
+def _value_checks(names: list[str], reading: InputSpec) -> list[tuple[int, str, ColumnType, Callable[[str], bool]]]:
+    types = reading.column_types()
+    return [(index, name, types[name], _parser(types[name])) for index, name in enumerate(names) if name in types]
+
+
+def _parser(kind: ColumnType) -> Callable[[str], bool]:
+    if kind.type == "int64":
+        return lambda text: bool(_INTEGER.fullmatch(text)) and -(2**63) <= int(text) < 2**63
+    if kind.type == "float64":
+        return lambda text: bool(_FLOAT.fullmatch(text))
+    if kind.type == "bool":
+        return lambda text: bool(_BOOLEAN.fullmatch(text))
+    if kind.type in ("date", "datetime"):
+        return _date_parser(kind)
+    return lambda text: True
+
+
+def _date_parser(kind: ColumnType) -> Callable[[str], bool]:
+    """Python's parse of a date or datetime: strptime with the format, else ISO 8601. Polars'
+    formats are the same strftime directives for the usual ones; where the two disagree,
+    Polars' own parse at run time still stops the run (exit 3, without the line)."""
+    def parses(text: str) -> bool:
+        try:
+            if kind.format is not None:
+                datetime.datetime.strptime(text.strip(), kind.format)
+            elif kind.type == "date":
+                datetime.date.fromisoformat(text.strip())
+            else:
+                datetime.datetime.fromisoformat(text.strip())
+        except ValueError:
+            return False
+        return True
+
+    return parses
+
+
+def _described(kind: ColumnType) -> str:
+    return kind.type + (f" with format {kind.format}" if kind.format else "")
+
+
+def _csv_text(path: Path) -> TextIO:
+    # utf-8-sig drops a byte-order mark as Polars does; undecodable bytes are Polars' to refuse.
+    return path.open(encoding="utf-8-sig", errors="replace", newline="")
+
+
+def _plain_columns(schema: dict[str, pl.DataType]) -> set[str]:
+    return {name for name, dtype in schema.items() if not dtype.is_nested()}
+
+
+def _check_ndjson(path: Path, plain: set[str], limit: int | None) -> None:
+    for number, line in islice(_lines(path), limit):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise DataError(f"{path}: line {number} is not valid JSON; fix the row (nothing was counted)") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: line {number} is not a JSON object; fix the row (nothing was counted)")
+        for column, value in row.items():
+            if column in plain and isinstance(value, (dict, list)):
+                raise DataError(f"{path}: line {number}: column '{column}' holds a JSON object or list, not a "
+                                "single value; fix the row (nothing was counted)")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
