@@ -17,7 +17,7 @@ from typing import TextIO
 
 import polars as pl
 
-from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputSpec, Query, Spec
+from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputSpec, PublicColumn, Query, Scalar, Spec
 from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
@@ -244,38 +244,61 @@ def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataTyp
     """The public partition keys as a frame with the group_by columns, typed like the input."""
     partitions = query.partitions
     assert partitions is not None and partitions.is_public
+    casts = [pl.col(c).cast(schema[c], strict=True) for c in query.group_by if c in schema]
+    if isinstance(partitions.public, dict):
+        # Every combination: the cross join of each column's distinct values, in group_by order.
+        frames = [_public_column(partitions.public[c], c, base_dir).with_columns(casts[i:i + 1]).unique(
+            maintain_order=True) for i, c in enumerate(query.group_by)]
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.join(other, how="cross")
+        return frame
     if partitions.public is not None:
         rows = [key if isinstance(key, list) else [key] for key in partitions.public]
         columns = {col: [row[i] for row in rows] for i, col in enumerate(query.group_by)}
         frame = pl.DataFrame(columns, strict=False)
     else:
-        path = Path(partitions.public_file or "")
-        path = path if path.is_absolute() else base_dir / path
-        frame = pl.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pl.read_csv(
-            path, infer_schema_length=0
-        )
-        frame = frame.select(query.group_by)
-    casts = [pl.col(c).cast(schema[c], strict=True) for c in query.group_by if c in schema]
+        frame = _key_file(partitions.public_file or "", base_dir).select(query.group_by)
     return frame.with_columns(casts).unique(maintain_order=True)
 
 
-def _public_file(query: Query, base_dir: Path) -> list[Finding]:
-    partitions = query.partitions
-    if partitions is None or partitions.public_file is None:
-        return []
-    at: FieldPath = ("partitions", "public_file")
-    path = Path(partitions.public_file)
+def _public_column(values: list[Scalar] | PublicColumn, column: str, base_dir: Path) -> pl.DataFrame:
+    if isinstance(values, list):
+        return pl.DataFrame({column: values}, strict=False)
+    return _key_file(values.file, base_dir).select(pl.col(values.column).alias(column))
+
+
+def _key_file(name: str, base_dir: Path) -> pl.DataFrame:
+    """A public key file, its values as written (CSV as text, so that they cast like inline keys)."""
+    path = Path(name)
     path = path if path.is_absolute() else base_dir / path
-    if not path.is_file():
-        return [(at, f"public partition file '{partitions.public_file}' not found")]
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            columns = list(pl.read_parquet_schema(path))
-        else:
-            columns = list(pl.scan_csv(path, infer_schema_length=0).collect_schema())
-    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
-        return [(at, f"cannot read the public partition file ({type(exc).__name__})")]
-    missing = [c for c in query.group_by if c not in columns]
-    if missing:
-        return [(at, f"the public partition file lacks group_by column(s) {', '.join(missing)}")]
-    return []
+    return pl.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pl.read_csv(
+        path, infer_schema_length=0)
+
+
+def _public_file(query: Query, base_dir: Path) -> list[Finding]:
+    """Each public key file exists and holds the columns the keys are read from."""
+    partitions = query.partitions
+    if partitions is None:
+        return []
+    findings: list[Finding] = []
+    for field, name, column in partitions.key_files():
+        at: FieldPath = ("partitions", *field)
+        path = Path(name)
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            findings.append((at, f"public partition file '{name}' not found"))
+            continue
+        try:
+            if path.suffix.lower() in (".parquet", ".pq"):
+                columns = list(pl.read_parquet_schema(path))
+            else:
+                columns = list(pl.scan_csv(path, infer_schema_length=0).collect_schema())
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
+            findings.append((at, f"cannot read the public partition file ({type(exc).__name__})"))
+            continue
+        missing = [c for c in (query.group_by if column is None else [column]) if c not in columns]
+        if missing:
+            kind = "group_by column(s)" if column is None else "column"
+            findings.append((at, f"the public partition file lacks {kind} {', '.join(missing)}"))
+    return findings

@@ -116,9 +116,20 @@ class InputSpec(Strict):
         return {name: ColumnType(type=kind) if isinstance(kind, str) else kind for name, kind in self.columns.items()}
 
 
+class PublicColumn(Strict):
+    """The public values of one group_by column, read from a column of a CSV or Parquet file."""
+
+    file: PathText
+    column: str = Field(min_length=1)
+
+
+PublicKeys = list[Scalar | list[Scalar]] | dict[str, list[Scalar] | PublicColumn]
+
+
 class Partitions(Strict):
-    public: list[Scalar | list[Scalar]] | None = Field(
-        default=None, description="The released partition keys; one value per key, or a list per key for several group_by columns."
+    public: PublicKeys | None = Field(
+        default=None, description="The released partition keys: a list (one value per key, or a list per key for "
+        "several group_by columns), or a mapping from each group_by column to its values, meaning every combination."
     )
     public_file: PathText | None = Field(default=None, description="CSV/Parquet file holding the group_by columns.")
     selection: SelectionChoice = "auto"
@@ -135,6 +146,17 @@ class Partitions(Strict):
     @property
     def is_public(self) -> bool:
         return self.public is not None or self.public_file is not None
+
+    def key_files(self) -> list[tuple[tuple[str, ...], str, str | None]]:
+        """Every file the public keys are read from: the field that names it (below `partitions`),
+        its path, and the column read from it (None: the group_by columns, as `public_file`)."""
+        files: list[tuple[tuple[str, ...], str, str | None]] = []
+        if self.public_file is not None:
+            files.append((("public_file",), self.public_file, None))
+        if isinstance(self.public, dict):
+            files += [(("public", column, "file"), values.file, values.column) for column, values in self.public.items()
+                      if isinstance(values, PublicColumn)]
+        return files
 
 
 class ContributionBounds(Strict):

@@ -7,11 +7,12 @@ located problems. Rules never look at data, only at the spec.
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from dprun.spec.models import Query, Spec
+from dprun.spec.models import PublicColumn, Query, Scalar, Spec
 from dprun.spec.yaml_loader import FieldPath
 
 Finding = tuple[FieldPath, str]
@@ -49,8 +50,8 @@ def _named_paths(spec: Spec) -> Iterator[tuple[FieldPath, str]]:
     for name, declared in spec.inputs.items():
         yield ("inputs", name, "path"), declared.path
     for index, query in enumerate(spec.queries):
-        if query.partitions is not None and query.partitions.public_file is not None:
-            yield ("queries", index, "partitions", "public_file"), query.partitions.public_file
+        for field, path, _ in _key_files(query):
+            yield ("queries", index, "partitions", *field), path
         yield ("queries", index, "output", "path"), query.output.path
     yield ("report",), spec.report
     if spec.ledger is not None:
@@ -87,22 +88,24 @@ def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
     """Every file the spec reads: inputs, public key files, the spec itself."""
     read = {spec_path.resolve(), *_input_paths(spec, base_dir)}
     for query in spec.queries:
-        if query.partitions is not None and query.partitions.public_file is not None:
-            read.add((base_dir / query.partitions.public_file).resolve())
+        read |= {(base_dir / path).resolve() for _, path, _ in _key_files(query)}
     return read
+
+
+def _key_files(query: Query) -> list[tuple[tuple[str, ...], str, str | None]]:
+    return [] if query.partitions is None else query.partitions.key_files()
 
 
 def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
     """Public keys read from the private data would be the data's own keys, released without selection."""
     inputs = _input_paths(spec, base_dir)
     for index, query in enumerate(spec.queries):
-        if query.partitions is None or query.partitions.public_file is None:
-            continue
-        if (base_dir / query.partitions.public_file).resolve() in inputs:
-            yield ("queries", index, "partitions", "public_file"), (
-                "the public partition file is an input of this spec: public keys must come from a public "
-                "source, not from the private data (use private selection instead, see docs/privacy.md)"
-            )
+        for field, path, _ in _key_files(query):
+            if (base_dir / path).resolve() in inputs:
+                yield ("queries", index, "partitions", *field), (
+                    "the public partition file is an input of this spec: public keys must come from a public "
+                    "source, not from the private data (use private selection instead, see docs/privacy.md)"
+                )
 
 
 def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
@@ -161,7 +164,9 @@ def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
         if partitions is not None and partitions.selection == "gaussian_threshold" and pure:
             yield ("partitions", "selection"), "gaussian_threshold needs delta > 0"
         return
-    if partitions.public is not None:
+    if isinstance(partitions.public, dict):
+        yield from _cross_product_findings(partitions.public, query.group_by)
+    elif partitions.public is not None:
         if not partitions.public:
             yield ("partitions", "public"), "the public partition list is empty; nothing would be released"
         width = len(query.group_by)
@@ -171,6 +176,24 @@ def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
                 yield ("partitions", "public", index), (
                     f"a key has {arity} value(s) but group_by has {width} column(s)"
                 )
+
+
+# Keys of a cross product written out in the spec: beyond this the release would be mostly
+# noise, and the key frame alone would take gigabytes.
+MAX_CROSS_PRODUCT = 10**7
+
+
+def _cross_product_findings(public: dict[str, list[Scalar] | PublicColumn], group_by: list[str]) -> Iterator[Finding]:
+    if set(public) != set(group_by):
+        yield ("partitions", "public"), (f"a mapping of public keys names each group_by column once "
+                                         f"({', '.join(group_by)}); it names {', '.join(public) or 'none'}")
+        return
+    for column, values in public.items():
+        if isinstance(values, list) and not values:
+            yield ("partitions", "public", column), "no values: nothing would be released"
+    sizes = [len(values) for values in public.values() if isinstance(values, list)]
+    if math.prod(sizes) > MAX_CROSS_PRODUCT:
+        yield ("partitions", "public"), f"every combination makes more than {MAX_CROSS_PRODUCT:,} keys"
 
 
 def _ledger_apart(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
