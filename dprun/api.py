@@ -91,6 +91,7 @@ def run(
     engine: str = "polars",
     spark_options: dict[str, Any] | None = None,
     on_published: Callable[[], None] | None = None,
+    checkpoint: Callable[[], None] | None = None,
 ) -> RunResult:
     """Execute a spec and publish every output and the report, or nothing.
 
@@ -108,6 +109,8 @@ def run(
     mapping or key=value strings), passed to `dprun.engines.spark_engine.spark_session`.
     Outputs are still written by this process, to local paths.
 
+    `checkpoint` is called before each query and before publication, where it may raise to
+    stop the run (the CLI raises there for a signal that arrived earlier and was lost).
     `on_published` is called once every output is in place and the ledger entry appended,
     while SIGINT and SIGTERM are still held off: from then on the release exists, and a
     caller that stops on a signal must no longer say that nothing was published.
@@ -151,6 +154,8 @@ def run(
         # Intermediate files hold private data: a folder only this user can read, always removed.
         with _scratch_folder() as scratch:
             for index, query in enumerate(the_plan.queries):
+                if checkpoint is not None:
+                    checkpoint()
                 if progress is not None:
                     progress(f"running query {query.name}")
                 workdir = Path(scratch) / str(index)
@@ -188,6 +193,8 @@ def run(
                 lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
             staging.write(report_md, _hashed(
                 lambda p: p.write_text(explanation_markdown(report, "DP release")), report_md, digests))
+            if checkpoint is not None:
+                checkpoint()
             # Publication and its ledger entry go together: a signal now waits until both are done.
             with _signals_deferred():
                 staging.commit()

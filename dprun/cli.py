@@ -140,14 +140,15 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | 
         if plain:
             result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
                              new_release=new_release, engine=engine, spark_options=spark_options,
-                             on_published=_interruption.settle)
+                             on_published=_interruption.publish, checkpoint=_interruption.checkpoint)
         else:
             with console.status("running the plan"):
                 result = api.run(spec, seed=seed, overwrite=overwrite, progress=progress, ledger=ledger,
                                  new_release=new_release, engine=engine, spark_options=spark_options,
-                                 on_published=_interruption.settle)
+                                 on_published=_interruption.publish, checkpoint=_interruption.checkpoint)
     except (DprunError, Stop) as raised:
-        error = raised.as_error() if isinstance(raised, Stop) else raised
+        error = _interruption.reported(raised)
+        assert isinstance(error, DprunError)  # a DprunError or a Stop is reported as a DprunError
         _step_summary(f"## dprun run {spec}: not released (exit {int(error.exit_code)})\n\n"
                       + "".join(f"> {problem}\n" for problem in error.problems()) + "\n")
         raise
@@ -355,20 +356,42 @@ class _Interruption:
     error is being reported, or once a first signal is stopping it, stopping again would
     claim that nothing was published, cut the message short, or leave scratch files
     behind, so a signal is then ignored.
+
+    The handler raises `Stop` wherever the main thread is, and some places cannot pass it
+    on: an import lock's callback drops it, Polars turns it into its own error. So the
+    signal is also recorded: `checkpoint` raises it again at safe points (before each query
+    and before publication), and `main` reports any failure after a signal as the signal.
     """
 
     def __init__(self) -> None:
-        self.settled = False
+        self.reset()
 
-    def settle(self) -> None:
-        self.settled = True
+    def reset(self) -> None:
+        self.settled = False
+        self.published = False
+        self.received: str | None = None
+
+    def publish(self) -> None:
+        self.published = self.settled = True
+
+    def checkpoint(self) -> None:
+        if self.received is not None and not self.published:
+            raise Stop(self.received)
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
         if not self.settled:
             # Settled by the first signal: a second one (CI cancels often send several) must
             # not cut short the removal of the scratch files the first one started.
             self.settled = True
-            raise Stop(signal.Signals(signum).name)
+            raise Stop(self.received)
+
+    def reported(self, error: BaseException) -> BaseException:
+        """The error to report: after a signal, and before publication, the signal whatever was raised."""
+        if self.received is not None and not self.published:
+            return Stop(self.received).as_error()
+        return error.as_error() if isinstance(error, Stop) else error
 
 
 _interruption = _Interruption()
@@ -395,18 +418,26 @@ def _report_error(error: DprunError, as_json: bool) -> None:
 def main(args: list[str] | None = None) -> NoReturn:
     """Entry point: run the CLI and turn every failure into a message and an exit code."""
     arguments = list(sys.argv[1:] if args is None else args)
-    _interruption.settled = False
+    _interruption.reset()
     _handle_signals(_interruption)
     as_json = _wants_json(arguments)
+    unraisable = sys.unraisablehook
+    if not os.environ.get("DPRUN_DEBUG"):
+        # What Python cannot raise (in a finaliser or a callback) it prints with a traceback
+        # that may quote data values; a Stop dropped there is raised again at a checkpoint.
+        sys.unraisablehook = lambda _: None
     try:
         cli.main(args=arguments, prog_name="dprun", standalone_mode=False)
         # Python runs signal handlers at calls, never before a plain attribute store: once
         # the command returns or raises, no signal can cut in ahead of this line.
         _interruption.settled = True
-        code = ExitCode.OK
+        code = ExitCode.OK if _interruption.received is None or _interruption.published else \
+            _report_failure(_interruption.reported(Stop(_interruption.received)), as_json)
     except BaseException as error:  # noqa: BLE001 - last line of defence, incl. Rust panics from Polars
         _interruption.settled = True
-        code = _report_failure(error, as_json)
+        code = _report_failure(_interruption.reported(error), as_json)
+    finally:
+        sys.unraisablehook = unraisable
     # Python restores the default handlers as it shuts down; a signal then would kill the
     # process and replace the exit code that was just decided.
     _handle_signals(signal.SIG_IGN)
@@ -420,8 +451,6 @@ def _handle_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
 
 def _report_failure(error: BaseException, as_json: bool) -> ExitCode:
     """Print what went wrong and give the exit code for it."""
-    if isinstance(error, Stop):
-        error = error.as_error()
     if isinstance(error, DprunError):
         _report_error(error, as_json)
         return error.exit_code

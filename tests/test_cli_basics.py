@@ -75,6 +75,23 @@ def test_after_the_first_signal_later_ones_are_ignored_so_cleanup_completes() ->
     handler(signal.SIGINT, None)
 
 
+def test_a_signal_lost_where_it_landed_is_raised_at_the_next_checkpoint_and_reported_as_the_signal() -> None:
+    """An import lock's callback drops the handler's exception (Python calls it unraisable),
+    Polars turns it into a SchemaError or a PanicException: the signal must still end the run."""
+    handler = dprun_cli._Interruption()
+    try:
+        handler(signal.SIGTERM, None)
+    except BaseException:  # noqa: BLE001 - what Python's import machinery does with it
+        pass
+    with pytest.raises(dprun_cli.Stop):
+        handler.checkpoint()
+    reported = handler.reported(ValueError("what Polars made of it"))
+    assert isinstance(reported, Interrupted) and reported.message == "interrupted by SIGTERM; nothing was published"
+    handler.publish()
+    handler.checkpoint()  # once published, the release stands: nothing to stop
+    assert isinstance(handler.reported(ValueError("x")), ValueError)
+
+
 def test_a_signal_cannot_be_swallowed_by_code_that_catches_exception() -> None:
     """Lazily imported libraries run while the handler is live; their `except Exception` must not
     eat the stop (a run once finished with exit 0 after a SIGTERM that way)."""
