@@ -365,6 +365,8 @@ def out_of_range(kind: str) -> Builder:
             document = spec_document(**budget(1e-300))
         elif kind == "huge epsilon":
             document = spec_document(**budget(1e300))
+        elif kind == "epsilon 5e35":  # found by tests/test_fuzz_run.py: the grid overflowed Int128
+            document = spec_document(**budget(5.192296858539551e35))
         else:
             bounds = [0, 1e308] if kind == "huge bounds" else [1e-300, 2e-300]
             document = spec_document(query={"metrics": [{"name": "s", "kind": "sum", "column": "v",
@@ -547,6 +549,7 @@ CASES: list[Any] = [
     pytest.param(overwrites_a_file_it_reads("output is the spec"), id="output path is the spec file"),
     pytest.param(out_of_range("tiny epsilon"), id="epsilon 1e-300"),
     pytest.param(out_of_range("huge epsilon"), id="epsilon 1e300"),
+    pytest.param(out_of_range("epsilon 5e35"), id="epsilon 5e35, noise far below the aggregate's unit"),
     pytest.param(out_of_range("huge bounds"), id="bounds [0, 1e308]"),
     pytest.param(target_that_is_not_a_file("output is a folder"), id="#2 output path is an existing folder"),
     pytest.param(target_that_is_not_a_file("report is a folder"), id="#2 report path is an existing folder"),

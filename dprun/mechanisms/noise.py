@@ -119,7 +119,8 @@ def _calibrated(
 ) -> NoisePlan:
     if kind == "laplace":
         real_scale = math.ldexp(laplace_scale(l0 * linf_units, epsilon), unit_exponent)
-        grid = 0 if unit_exponent == 0 and linf_units * l0 / epsilon < 2.0**LATTICE_BITS else _grid(real_scale)
+        grid = 0 if unit_exponent == 0 and linf_units * l0 / epsilon < 2.0**LATTICE_BITS else _grid(
+            real_scale, unit_exponent)
         linf = grid_sensitivity(linf_units, unit_exponent, grid)
         return NoisePlan("laplace", grid, linf, l0, laplace_scale(l0 * linf, epsilon), epsilon, 0.0)
     if not gaussian_allowed(delta):
@@ -129,15 +130,21 @@ def _calibrated(
         raise ValueError("the share of the budget is too small for Gaussian noise once the samplers' "
                          "rounding is set aside")
     real_l2 = math.ldexp(math.sqrt(l0) * linf_units, unit_exponent)
-    grid = _grid(analytic_gaussian_sigma(real_l2, exact_epsilon, target))
+    grid = _grid(analytic_gaussian_sigma(real_l2, exact_epsilon, target), unit_exponent)
     linf = grid_sensitivity(linf_units, unit_exponent, grid)
     sigma = analytic_gaussian_sigma(math.sqrt(l0) * linf, exact_epsilon, target)
     return NoisePlan("gaussian", grid, linf, l0, sigma, epsilon, delta)
 
 
-def _grid(real_parameter: float) -> int:
-    """The grid exponent that puts about 2**LATTICE_BITS grid units in one noise scale."""
-    return math.frexp(real_parameter)[1] - LATTICE_BITS
+def _grid(real_parameter: float, unit_exponent: int) -> int:
+    """The grid exponent that puts about 2**LATTICE_BITS grid units in one noise scale, but no
+    finer than 2**-MAX_REFINEMENT_BITS of the aggregate's unit: `to_grid` shifts aggregates
+    (below 2**64 units) into an Int128. Noise smaller than that (a huge ε) is then below one
+    grid unit; it is still calibrated for the grid it is drawn on."""
+    return max(math.frexp(real_parameter)[1] - LATTICE_BITS, unit_exponent - MAX_REFINEMENT_BITS)
+
+
+MAX_REFINEMENT_BITS = 60
 
 
 def grid_sensitivity(linf_units: int, unit_exponent: int, grid_exponent: int) -> int:
