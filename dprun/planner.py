@@ -17,7 +17,7 @@ composition (privacy loss distributions, `accounting.pld_epsilon`) within the bu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -28,7 +28,7 @@ from dprun.mechanisms.quantities import Quantity, metric_quantities
 from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan, SelectionPlan
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame
-from dprun.spec.models import Metric, Query
+from dprun.spec.models import Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
@@ -52,11 +52,13 @@ class _Weights:
 def make_plan(validated: ValidatedSpec) -> Plan:
     spec = validated.spec
     loaded = validated.loaded
-    total_weight = sum(q.budget_share for q in spec.queries)
-    shares = [(q, spec.budget.epsilon * q.budget_share / total_weight, spec.budget.delta * q.budget_share / total_weight)
-              for q in spec.queries]
     try:
-        plans, multiplier = _plan_queries(shares, spec.budget.accounting, validated)
+        plans, multiplier = _plan_queries(_shares(spec, range(len(spec.queries))), spec.budget.accounting, validated)
+        users = [i for i, plan in enumerate(plans) if _uses_delta(plan)]
+        if spec.budget.delta > 0 and users and len(users) < len(plans):
+            # δ that a query's plan leaves unused (public partitions, Laplace noise) goes to
+            # the queries that use it, in proportion to their budget_share.
+            plans, multiplier = _plan_queries(_shares(spec, users), spec.budget.accounting, validated)
     except Unplannable as exc:
         raise SpecError(validated.loaded.problems([(exc.path, f"cannot plan this spec: {exc}")])) from None
     total_epsilon, total_delta = _total(plans, spec.budget.accounting, spec.budget.delta)
@@ -73,6 +75,21 @@ def make_plan(validated: ValidatedSpec) -> Plan:
         queries=tuple(plans),
         report_path=loaded.target(spec.report),
     )
+
+
+def _shares(spec: Spec, delta_users: Iterable[int]) -> list[tuple[Query, float, float]]:
+    """Each query's (ε, δ): ε in proportion to budget_share; δ so among `delta_users` only."""
+    users = set(delta_users)
+    epsilon_weight = sum(q.budget_share for q in spec.queries)
+    delta_weight = sum(q.budget_share for i, q in enumerate(spec.queries) if i in users)
+    return [(q, spec.budget.epsilon * q.budget_share / epsilon_weight,
+             spec.budget.delta * q.budget_share / delta_weight if i in users else 0.0)
+            for i, q in enumerate(spec.queries)]
+
+
+def _uses_delta(plan: QueryPlan) -> bool:
+    selection = plan.selection.delta if plan.selection.mode == "private" else 0.0
+    return selection > 0 or any(q.noise.delta > 0 for q in plan.quantities)
 
 
 def _plan_queries(

@@ -187,3 +187,30 @@ def test_every_plan_spends_at_most_its_budget(tmp_path_factory: pytest.TempPathF
         for q in query.quantities:
             if q.noise.kind == "laplace":
                 assert q.noise.sensitivity / q.noise.parameter <= q.noise.epsilon * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("accounting", ["basic", "pld"])
+def test_delta_goes_to_the_queries_that_use_it(tmp_path: Path, accounting: str) -> None:
+    """Public partitions with Laplace noise use no δ: their share goes to the private selection (#19)."""
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 1.0, "delta": 1e-6, "accounting": accounting},
+        "queries": [
+            query("public", [{"name": "n", "kind": "count"}], group_by=["region"], partitions={"public": ["x", "y"]},
+                  budget_share=3),
+            query("private", [{"name": "n", "kind": "count", "noise": "laplace"}], group_by=["region"],
+                  partitions={"selection": "laplace_threshold"}),
+        ],
+    })
+    public, private = plan.queries
+    assert public.delta == 0.0 and all(q.noise.delta == 0 for q in public.quantities)
+    assert private.delta == 1e-6 and private.epsilon == pytest.approx(0.25)
+    assert private.selection.delta == pytest.approx(1e-6, rel=1e-9)
+    assert plan.total_delta == pytest.approx(1e-6, rel=1e-9) and plan.total_delta <= 1e-6
+
+
+def test_delta_stays_split_when_every_query_uses_it(tmp_path: Path) -> None:
+    plan = planned(tmp_path, {
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "queries": [query(name, [{"name": "n", "kind": "count"}], group_by=["region"]) for name in ("a", "b")],
+    })
+    assert [q.delta for q in plan.queries] == [5e-7, 5e-7]
