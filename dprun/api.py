@@ -254,6 +254,9 @@ def _require_ledger_apart(validated: ValidatedSpec, ledger_path: Path | None) ->
     """A ledger given by --ledger or $DPRUN_LEDGER gets the check `validate` makes of the spec's `ledger:`."""
     if ledger_path is None:
         return
+    if not ledger_path.name or ledger_path.is_dir():
+        raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
+            f"the ledger {ledger_path} is a folder: give the path of a file (e.g. ledger.jsonl)"))])
     if {ledger_path, ledger_mod.lock_path(ledger_path)}.isdisjoint(validated.loaded.published_and_read()):
         return
     raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (

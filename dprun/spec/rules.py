@@ -111,7 +111,7 @@ def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
 def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
     inputs = _read_paths(spec, base_dir, spec_path)
     report = (base_dir / spec.report).resolve()
-    if {report, report.with_suffix(".md")} & inputs:
+    if {report, _markdown_beside(report)} & inputs:
         yield ("report",), "the report (or the report.md beside it) would overwrite a file this spec reads"
     seen: dict[Path, str] = {}
     for index, query in enumerate(spec.queries):
@@ -121,7 +121,7 @@ def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[F
             yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
         if target in inputs:
             yield at, "the output path is a file this spec reads (an input, a public key file or the spec)"
-        if target in (report, report.with_suffix(".md")):
+        if target in (report, _markdown_beside(report)):
             yield at, "the output path is the report's path (report.json and the report.md beside it)"
         if target.suffix.lower() not in (".parquet", ".csv") and query.output.format is None:
             yield at, "cannot tell the output format: use a .parquet or .csv suffix, or set `format`"
@@ -201,6 +201,9 @@ def _ledger_apart(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Findi
     if spec.ledger is None:
         return
     ledger = (base_dir / spec.ledger).resolve()
+    if not ledger.name or ledger.is_dir():
+        yield ("ledger",), "the ledger path is a folder: give the path of a file (e.g. ledger.jsonl)"
+        return
     if not {ledger, ledger.with_name(ledger.name + ".lock")}.isdisjoint(published_and_read(spec, base_dir, spec_path)):
         yield ("ledger",), ("the ledger (or the .lock file beside it) is a file this spec reads or publishes "
                             "(an input, a public key file, the spec, an output or the report)")
@@ -210,7 +213,12 @@ def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]
     """Every file a run of the spec reads or writes, resolved."""
     report = (base_dir / spec.report).resolve()
     outputs = {(base_dir / query.output.path).resolve() for query in spec.queries}
-    return _read_paths(spec, base_dir, spec_path) | outputs | {report, report.with_suffix(".md")}
+    return _read_paths(spec, base_dir, spec_path) | outputs | {report, _markdown_beside(report)}
+
+
+def _markdown_beside(report: Path) -> Path:
+    """report.md beside the report; a path without a name (`/`) is refused for its suffix anyway."""
+    return report.with_suffix(".md") if report.name else report
 
 
 def _listed_twice(columns: list[str], at: FieldPath) -> Iterator[Finding]:
