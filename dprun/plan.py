@@ -37,6 +37,7 @@ class MetricPlan:
     output_columns: tuple[str, ...]
     integer: bool  # released as integers (counts)
     levels: tuple[float, ...] = ()  # quantile levels, one output column each
+    clamp: bool = False  # counts and sums: released within their feasible range (post-processing)
 
 
 @dataclass(frozen=True)

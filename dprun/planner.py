@@ -209,6 +209,7 @@ def _plan_query(
             output_columns=tuple(output_columns(metric.name, metric.kind, metric.q)),
             integer=metric.kind in ("count", "privacy_id_count"),
             levels=tuple(quantile_levels(metric.kind, metric.q)),
+            clamp=metric.clamp,
         )
         for metric, qs in _metric_quantities(query)
     )

@@ -5,7 +5,9 @@ variance = SS / max(1, C) − (S / max(1, C))², clamped to [0, ((upper − lowe
 stddev   = √variance
 where C is the noisy row count, S the noisy sum of values centred on mid = (lower+upper)/2
 and SS the noisy sum of their squares (seed 003, "Computing MEAN, VARIANCE").
-Counts are rounded to integers (exact already under discrete Laplace noise).
+Counts are rounded to integers (exact already under discrete Laplace noise). With
+`clamp`, counts and sums are released within their feasible range: counts at least 0,
+sums at least 0 when both bounds are (at most 0 when both are at most 0).
 Quantiles come from one noisy quantile tree per column (dprun.mechanisms.quantile_tree),
 already clamped to the bounds and monotone in q.
 """
@@ -37,11 +39,13 @@ def _metric(metric: MetricPlan, noisy: dict[str, np.ndarray]) -> pl.Series:
     name = metric.output_columns[0]
     values = [noisy[qid] for qid in metric.quantity_ids]
     if metric.kind in ("count", "privacy_id_count"):
-        return pl.Series(name, np.rint(values[0]).astype(np.int64))
-    if metric.kind == "sum":
-        return pl.Series(name, values[0])
+        count = np.rint(values[0]).astype(np.int64)
+        return pl.Series(name, np.maximum(count, 0) if metric.clamp else count)
     assert metric.bounds is not None
     lower, upper = metric.bounds
+    if metric.kind == "sum":
+        feasible = (0.0 if lower >= 0 else -np.inf, 0.0 if upper <= 0 else np.inf)
+        return pl.Series(name, np.clip(values[0], *feasible) if metric.clamp else values[0])
     center, half = (lower + upper) / 2, (upper - lower) / 2
     count = np.maximum(1.0, values[0])
     centered_mean = values[1] / count

@@ -92,6 +92,7 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "kind": metric.kind,
         "column": metric.column,
         "bounds": list(metric.bounds) if metric.bounds else None,
+        "clamp": metric.clamp,
         "quantities": list(metric.quantity_ids),
         "noise": "+".join(sorted({n.kind for n in noises})),
         "epsilon": sum(n.epsilon for n in noises),

@@ -20,6 +20,7 @@ MetricKind = Literal[
     "quantile", "median", "min", "max",
 ]
 QUANTILE_KINDS: frozenset[str] = frozenset({"quantile", "median", "min", "max"})
+CLAMPABLE_KINDS: frozenset[str] = frozenset({"count", "privacy_id_count", "sum"})
 KINDS_WITH_VALUES: frozenset[str] = frozenset(
     {"sum", "mean", "variance", "stddev", "quantile", "median", "min", "max"}
 )
@@ -172,6 +173,8 @@ class Metric(Strict):
     q: float | list[float] | None = None
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice | None = None
+    clamp: bool = Field(default=False, description="count, privacy_id_count, sum: release within the feasible "
+                        "range (counts and sums of non-negative values at least 0), as post-processing.")
     branching: Annotated[int, Field(ge=2, le=256, description="Quantile tree: children per node.")] = 16
     depth: Annotated[int, Field(ge=1, le=10, description="Quantile tree: levels below the root.")] = 4
 
@@ -220,6 +223,9 @@ class Metric(Strict):
             raise ValueError("a `quantile` metric needs `q`: a level in [0, 1] or a list of them")
         if self.kind != "quantile" and self.q is not None:
             raise ValueError(f"`q` is only for `quantile` metrics, not `{self.kind}`")
+        if self.clamp and self.kind not in CLAMPABLE_KINDS:
+            raise ValueError(f"`clamp` is for count, privacy_id_count and sum metrics; a `{self.kind}` is always "
+                             "released within its bounds")
         tree_set = {"branching", "depth"} & self.model_fields_set
         if tree_set and self.kind not in QUANTILE_KINDS:
             raise ValueError(f"`{sorted(tree_set)[0]}` is only for quantile, median, min and max metrics")
