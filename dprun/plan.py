@@ -81,6 +81,7 @@ class QueryPlan:
     public_keys: Any = None  # polars DataFrame of public keys (mode `public`), else None
     epsilon: float = 0.0
     delta: float = 0.0
+    derive: tuple[tuple[str, str], ...] = ()  # the query's derived columns: (name, SQL), in order
 
     def quantity(self, quantity_id: str) -> NoisyQuantity:
         return next(q for q in self.quantities if q.quantity.id == quantity_id)

@@ -27,7 +27,7 @@ from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_all
 from dprun.mechanisms.quantities import Quantity, metric_quantities
 from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan, SelectionPlan
 from dprun.spec import ValidatedSpec
-from dprun.spec.input_schema import public_keys_frame
+from dprun.spec.input_schema import public_keys_frame, query_schema
 from dprun.spec.models import Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
@@ -216,7 +216,7 @@ def _plan_query(
     input_info = validated.inputs[query.input]
     public_keys = None
     if _mode(query) == "public":
-        public_keys = public_keys_frame(query, validated.loaded.base_dir, input_info.schema)
+        public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
     output_path = validated.loaded.target(query.output.path)
     return QueryPlan(
         name=query.name,
@@ -235,6 +235,7 @@ def _plan_query(
         public_keys=public_keys,
         epsilon=epsilon,
         delta=delta,
+        derive=tuple(query.derive.items()),
     )
 
 

@@ -149,3 +149,51 @@ def test_reading_options_are_validated(tmp_path: Path, reading: dict[str, Any], 
     write_csv(tmp_path / "flights.csv", ["tailnum", "carrier", "arr_delay", "day"], [["N1", "AA", "1", "2013-01-01"]])
     result = invoke("validate", str(flights_spec(tmp_path, reading)))
     assert result.exit_code == 1 and message in result.stderr, everything(result)
+
+
+def derived_spec(folder: Path, rng: np.random.Generator, input_derive: dict[str, str],
+                 query_changes: dict[str, Any]) -> Path:
+    write_csv(folder / "flights.csv", ["tailnum", "carrier", "arr_delay", "day"], flights(rng))
+    spec = flights_spec(folder, {"null_values": ["NA"], "columns": {"day": "date"}, "derive": input_derive})
+    document = json.loads(spec.read_text())
+    document["queries"][0].update(query_changes)
+    spec.write_text(json.dumps(document))
+    return spec
+
+
+def test_derived_columns_in_the_privacy_unit_group_by_filter_and_metrics(tmp_path: Path) -> None:
+    seed = fresh_seed()
+    spec = derived_spec(tmp_path, np.random.default_rng(seed),
+                        {"aircraft": "UPPER(tailnum)", "delay_or_zero": "COALESCE(arr_delay, 0)",
+                         "late": "arr_delay > 15"},
+                        {"derive": {"week": "EXTRACT(DAY FROM day) / 7"}, "group_by": ["week"],
+                         "filter": "late", "partitions": {"public": [0, 1, 2, 3, 4]},
+                         "metrics": [{"name": "late_flights", "kind": "count"},
+                                     {"name": "delay", "kind": "sum", "column": "delay_or_zero",
+                                      "bounds": [0, 240]}]})
+    document = json.loads(spec.read_text())
+    document["privacy_unit"] = "aircraft"
+    document["budget"]["epsilon"] = 100.0  # little noise: the test looks at what the columns mean
+    spec.write_text(json.dumps(document))
+    result = invoke("run", str(spec), "--seed", str(seed))
+    assert result.exit_code == 0, f"seed={seed}: {everything(result)}"
+    released = pl.read_parquet(tmp_path / "out" / "delays.parquet").sort("week")
+    assert released["week"].to_list() == [0, 1, 2, 3, 4], f"seed={seed}: {released}"
+    # Only late flights count: their delays are above 15 (about 107 on average), and so is each week's mean.
+    weeks = released.filter(pl.col("late_flights") > 30)
+    assert weeks.height >= 3 and ((weeks["delay"] / weeks["late_flights"]) > 15).all(), f"seed={seed}: {released}"
+
+
+@pytest.mark.parametrize(("input_derive", "query_changes", "field", "message"), [
+    ({"n": "count(*) over (partition by carrier)"}, {}, "inputs.flights.derive.n", "must depend on its own row only"),
+    ({}, {"derive": {"avg_delay": "avg(arr_delay)"}}, "queries[0].derive.avg_delay", "must depend on its own row"),
+    ({"carrier": "UPPER(carrier)"}, {}, "inputs.flights.derive.carrier", "is a column already"),
+    ({"x": "no_such + 1"}, {}, "inputs.flights.derive.x", "names unknown column(s) no_such"),
+    ({"x": "day + 'x'"}, {}, "inputs.flights.derive.x", "the derived column does not apply"),
+])
+def test_a_derived_column_that_reads_other_rows_or_does_not_fit_is_refused_where_it_is(
+        tmp_path: Path, input_derive: dict[str, str], query_changes: dict[str, Any], field: str, message: str) -> None:
+    spec = derived_spec(tmp_path, np.random.default_rng(fresh_seed()), input_derive, query_changes)
+    result = invoke("validate", str(spec), "--format", "json")
+    problems = [(p["field"], p["message"]) for p in json.loads(result.stdout)["problems"]]
+    assert result.exit_code == 1 and any(f == field and message in m for f, m in problems), problems

@@ -53,7 +53,7 @@ from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
-from dprun.spec.input_schema import InputInfo, scan
+from dprun.spec.input_schema import InputInfo, scan, with_derived
 from dprun.spec.row_expressions import row_filter
 
 HASH = "__dprun_hash__"
@@ -259,7 +259,7 @@ def _key_schema(partials: list[pl.LazyFrame], keys: list[str]) -> dict[str, pl.D
 def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    frame = scan(info)
+    frame = with_derived(scan(info), dict(plan.derive))
     if plan.filter is not None:
         frame = frame.filter(row_filter(plan.filter))
     frame = frame.select(sorted(columns))

@@ -316,11 +316,16 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
     f = F()
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
+    derive = {**info.reading.derive, **dict(plan.derive)}
+    # The same row-wise checks as `validate`, before Spark reads anything; Spark then
+    # parses the texts in its own dialect (docs/scale.md).
+    for name, text in derive.items():
+        row_filter(text, f"derive.{name}")
     if plan.filter is not None:
-        # The same row-wise check as `validate`, before Spark reads anything; Spark then
-        # parses the text in its own dialect (docs/scale.md).
         row_filter(plan.filter)
     frame = _scan(spark, info)
+    for name, text in derive.items():
+        frame = frame.withColumn(name, f.expr(text))
     if plan.filter is not None:
         frame = frame.filter(f.expr(plan.filter))
     frame = frame.select(*_cols(sorted(columns)))
@@ -499,20 +504,21 @@ def _quantiles(
 def _scan(spark: SparkSession, info: InputInfo) -> DataFrame:
     """The input with the schema fixed at validation time (CSV/NDJSON: the one Polars inferred)."""
     paths = [str(p) for p in info.paths]
+    schema = {name: dtype for name, dtype in info.schema.items() if name not in info.reading.derive}
     if info.format == "parquet":
         return spark.read.parquet(*paths)
     if info.format == "csv":
         # Floats are read as text and cast: Spark's CSV parser rejects "inf", which Polars reads.
-        floats = {name for name, dtype in info.schema.items() if dtype in (pl.Float32, pl.Float64)}
-        text = {name: (pl.String if name in floats else dtype) for name, dtype in info.schema.items()}
+        floats = {name for name, dtype in schema.items() if dtype in (pl.Float32, pl.Float64)}
+        text = {name: (pl.String if name in floats else dtype) for name, dtype in schema.items()}
         reading = _spark_csv_options(info)
         frame = (spark.read.schema(_spark_schema(text)).options(**reading).option("mode", "FAILFAST")
                  .option("enforceSchema", not info.reading.has_header).csv(paths))
         for name in floats:
-            kind = "float" if info.schema[name] == pl.Float32 else "double"
+            kind = "float" if schema[name] == pl.Float32 else "double"
             frame = frame.withColumn(name, _col(name).cast(kind))
-        return frame.select(*[_col(name).alias(name) for name in info.schema])
-    return spark.read.schema(_spark_schema(info.schema)).option("mode", "FAILFAST").json(paths)
+        return frame.select(*[_col(name).alias(name) for name in schema])
+    return spark.read.schema(_spark_schema(schema)).option("mode", "FAILFAST").json(paths)
 
 
 def refuse_unreadable(info: InputInfo) -> None:

@@ -18,7 +18,7 @@ from typing import TextIO
 import polars as pl
 
 from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputSpec, PublicColumn, Query, Scalar, Spec
-from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression
+from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression, row_filter
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
 
@@ -58,11 +58,50 @@ def resolve_paths(pattern: str, base_dir: Path) -> tuple[Path, ...]:
 
 
 def scan(info: InputInfo) -> pl.LazyFrame:
-    """A lazy scan of an input with the schema fixed at validation time and its columns typed."""
+    """A lazy scan of an input with the schema fixed at validation time, its columns typed
+    and its derived columns added."""
     types = info.reading.column_types()
     read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
-               for name, dtype in info.schema.items()}
-    return _typed(_scan(info.paths, info.format, info.reading, schema=read_as), types)
+               for name, dtype in info.schema.items() if name not in info.reading.derive}
+    return with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
+                        info.reading.derive)
+
+
+def with_derived(frame: pl.LazyFrame, derive: dict[str, str]) -> pl.LazyFrame:
+    """The frame with each derived column added in order, after the engines' row-wise check."""
+    for name, text in derive.items():
+        frame = frame.with_columns(row_filter(text, f"derive.{name}").alias(name))
+    return frame
+
+
+def derived_schema(schema: dict[str, pl.DataType], derive: dict[str, str],
+                   at: FieldPath) -> tuple[dict[str, pl.DataType], list[Finding]]:
+    """The schema with each derived column's type, or the first finding about one: a name
+    taken, an expression that reads other rows, names an unknown column or does not apply."""
+    schema = dict(schema)
+    for name, text in derive.items():
+        where: FieldPath = (*at, name)
+        if name in schema:
+            return schema, [(where, f"'{name}' is a column already; give the derived column another name")]
+        try:
+            expression = parse_row_expression(text, "derived column")
+        except NotRowWise as exc:
+            return schema, [(where, str(exc))]
+        missing = [column for column in expression.meta.root_names() if column not in schema]
+        if missing:
+            return schema, [(where, f"the derived column names unknown column(s) {', '.join(missing)}")]
+        try:
+            schema[name] = pl.LazyFrame(schema=schema).with_columns(expression.alias(name)).collect_schema()[name]
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
+            # The expression is the spec's text, so Polars' message about it may be shown.
+            return schema, [(where, f"the derived column does not apply: {first_line(str(exc))}")]
+    return schema, []
+
+
+def query_schema(query: Query, info: InputInfo) -> dict[str, pl.DataType]:
+    """The columns a query sees: its input's (derived ones included) and its own derived ones
+    (`validate` has checked them)."""
+    return derived_schema(info.schema, query.derive, ("derive",))[0]
 
 
 def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec | None = None) -> dict[str, pl.DataType]:
@@ -166,6 +205,10 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
         if unknown:
             findings.append((("inputs", name, "columns", unknown[0]), f"column '{unknown[0]}' is not in the input"))
             continue
+        schema, derive_findings = derived_schema(schema, declared.derive, ("inputs", name, "derive"))
+        if derive_findings:
+            findings += derive_findings
+            continue
         if not schema:
             findings.append((at, "the input has no columns (empty file?)"))
             continue
@@ -187,19 +230,21 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
 
 def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Finding]:
     """Public keys must convert to the group_by columns' types (the keys are public: naming them is fine)."""
-    if any(column not in info.schema for column in query.group_by):
+    schema = query_schema(query, info)
+    if any(column not in schema for column in query.group_by):
         return []
     try:
-        public_keys_frame(query, base_dir, info.schema)
+        public_keys_frame(query, base_dir, schema)
     except (pl.exceptions.PolarsError, ValueError, TypeError):
-        types = ", ".join(f"{c}: {info.schema[c]}" for c in query.group_by)
+        types = ", ".join(f"{c}: {schema[c]}" for c in query.group_by)
         return [(("partitions", "public"), f"a public key does not convert to the group_by column types ({types})")]
     return []
 
 
 def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> list[Finding]:
-    findings: list[Finding] = []
-    schema = info.schema
+    schema, findings = derived_schema(info.schema, query.derive, (*at, "derive"))
+    if findings:
+        return findings
 
     def need(column: str, where: FieldPath) -> None:
         if column not in schema:

@@ -49,6 +49,8 @@ def _usable_path(value: str) -> str:
 
 
 PathText = Annotated[str, Field(min_length=1), AfterValidator(_usable_path)]
+# A derived column's name: usable unquoted in a filter or another derived column's SQL.
+ColumnName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 class Strict(BaseModel):
@@ -105,6 +107,8 @@ class InputSpec(Strict):
                                        description="CSV: lines starting with this are skipped.")
     columns: dict[str, ColumnTypeName | ColumnType] = Field(
         default_factory=dict, description="Column types to read with, instead of inferring them.")
+    derive: dict[ColumnName, str] = Field(
+        default_factory=dict, description="New columns, each a row-wise Polars SQL expression of the input's columns.")
 
     @field_validator("separator", "quote_char")
     @classmethod
@@ -243,6 +247,8 @@ class Output(Strict):
 class Query(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     input: str
+    derive: dict[ColumnName, str] = Field(
+        default_factory=dict, description="New columns for this query, each a row-wise Polars SQL expression.")
     filter: str | None = Field(default=None, description="Row filter, a Polars SQL expression.")
     group_by: list[str] = Field(default_factory=list)
     partitions: Partitions | None = None

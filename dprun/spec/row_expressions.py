@@ -11,7 +11,8 @@ logic, CASE/WHEN, casts, and named scalar functions. Anything else is refused, i
 a node this list does not know (a later Polars may add or rename nodes: then a filter is
 refused, never let through).
 
-`validate` calls `parse_row_expression` and both engines call `row_filter` before they
+`validate` calls `parse_row_expression` (for filters and derived columns) and both engines
+call `row_filter` before they
 scan, so the same check guards every path from a spec to the data.
 """
 
@@ -118,12 +119,13 @@ def parse_row_expression(text: str, role: str = "filter") -> pl.Expr:
     return expression
 
 
-def row_filter(text: str) -> pl.Expr:
-    """`parse_row_expression` for the engines: a refusal is a SpecError (exit 1) at `filter`."""
+def row_filter(text: str, field: str = "filter") -> pl.Expr:
+    """`parse_row_expression` for the engines: a refusal is a SpecError (exit 1) at `field`
+    (`filter`, or `derive.<name>` for a derived column)."""
     try:
-        return parse_row_expression(text)
+        return parse_row_expression(text, "filter" if field == "filter" else "derived column")
     except NotRowWise as exc:
-        raise SpecError([Problem(file="", line=None, column=None, field="filter", message=str(exc))]) from None
+        raise SpecError([Problem(file="", line=None, column=None, field=field, message=str(exc))]) from None
 
 
 def _refusal(node: Any, parent: str | None, position: int) -> str | None:

@@ -61,7 +61,7 @@ def _check_csv(path: Path, info: InputInfo, limit: int | None) -> None:
         first = next(rows, [])
         width = len(first)
         # Without a header the columns have the names Polars gave them, in file order.
-        names = first if reading.has_header else list(info.schema)
+        names = first if reading.has_header else [name for name in info.schema if name not in reading.derive]
         checks = _value_checks(names, reading)
         if not reading.has_header:
             rows = _prepend(first, rows)

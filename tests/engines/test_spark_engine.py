@@ -440,7 +440,12 @@ def test_csv_reading_options_give_the_same_release_on_both_engines(tmp_path: Pat
     lines = ["# made by a test", "uid;g;x"] + [f"{i};{'ab'[i % 2]};{'NA' if i % 7 == 0 else i % 11}" for i in range(400)]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
     spec = reading_spec(tmp_path, {"separator": ";", "null_values": ["NA"], "comment_prefix": "#",
-                                   "columns": {"x": "float64"}})
+                                   "columns": {"x": "float64"}, "derive": {"half": "x / 2"}})
+    document = json.loads(spec.read_text())
+    document["queries"][0]["derive"] = {"parity": "uid % 2"}
+    document["queries"][0]["filter"] = "parity = 0"
+    document["queries"][0]["metrics"].append({"name": "h", "kind": "sum", "column": "half", "bounds": [0, 5]})
+    spec.write_text(json.dumps(document))
     polars_tables, spark_tables = run_both(spec, spark)
     assert_identical(polars_tables, spark_tables)
 
