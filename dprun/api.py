@@ -170,6 +170,10 @@ def run(
                 except OSError as exc:
                     # Reading an input (removed since validation?) or writing scratch files.
                     raise run_failure(exc, workdir) from None
+                except DataError:
+                    # Polars stopped at a value without saying where: find it, then say so.
+                    check_rows(validated.inputs[query.input], every_value=True)
+                    raise
                 except pl.exceptions.PanicException:
                     raise DprunError(
                         f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "

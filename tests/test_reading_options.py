@@ -197,3 +197,27 @@ def test_a_derived_column_that_reads_other_rows_or_does_not_fit_is_refused_where
     result = invoke("validate", str(spec), "--format", "json")
     problems = [(p["field"], p["message"]) for p in json.loads(result.stdout)["problems"]]
     assert result.exit_code == 1 and any(f == field and message in m for f, m in problems), problems
+
+
+@pytest.mark.parametrize("fmt", ["csv", "ndjson"])
+def test_a_value_past_the_sample_that_does_not_fit_an_inferred_type_is_located(tmp_path: Path, fmt: str) -> None:
+    """Without `columns`, the types are inferred from the first 1,000 rows; a later value that does
+    not fit them is named by file, line and column, never shown."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    frame = pl.DataFrame({"tailnum": [f"N{i % 300}" for i in range(2000)], "carrier": ["AA"] * 2000,
+                          "arr_delay": rng.integers(0, 100, 2000)})
+    if fmt == "csv":
+        frame.write_csv(tmp_path / "flights.csv")
+        lines = (tmp_path / "flights.csv").read_text().splitlines()
+        lines[1499] = f"N1,AA,{SECRET_ID}"  # line 1500 of the file, the header being line 1
+        (tmp_path / "flights.csv").write_text("\n".join(lines) + "\n")
+    else:
+        frame.write_ndjson(tmp_path / "flights.csv")  # the spec below names the format
+        lines = (tmp_path / "flights.csv").read_text().splitlines()
+        lines[1499] = json.dumps({"tailnum": "N1", "carrier": "AA", "arr_delay": SECRET_ID})
+        (tmp_path / "flights.csv").write_text("\n".join(lines) + "\n")
+    spec = flights_spec(tmp_path, {} if fmt == "csv" else {"format": "ndjson"})
+    result = invoke("run", str(spec), "--seed", str(seed))
+    assert result.exit_code == 3, f"seed={seed}: {everything(result)}"
+    assert "line 1500: column 'arr_delay'" in result.stderr and not leaks(result.stderr), f"seed={seed}: {result.stderr}"

@@ -101,7 +101,7 @@ def _sample_row_findings(inputs: dict[str, InputInfo]) -> list[Finding]:
     findings: list[Finding] = []
     for name, info in inputs.items():
         try:
-            check_rows(info, limit=SCHEMA_SAMPLE_ROWS)
+            check_rows(info, limit=SCHEMA_SAMPLE_ROWS, every_value=True)
         except DataError as exc:
             findings.append((("inputs", name, "path"), exc.message))
     return findings

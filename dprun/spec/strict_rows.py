@@ -31,7 +31,7 @@ import polars as pl
 
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo, csv_rows
-from dprun.spec.models import ColumnType, InputSpec
+from dprun.spec.models import ColumnType, ColumnTypeName
 
 # What Polars' CSV reader takes for these types (it strips surrounding blanks).
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
@@ -39,21 +39,25 @@ _FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf
 _BOOLEAN = re.compile(r"\s*(true|false)\s*", re.IGNORECASE)
 
 
-def check_rows(info: InputInfo, limit: int | None = None) -> None:
+def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool = False) -> None:
     """Raise DataError at the first malformed row of a CSV or NDJSON input (of its first
-    `limit` rows per file, if given); Parquet passes."""
+    `limit` rows per file, if given); Parquet passes.
+
+    Values are checked in the columns the spec types; with `every_value` also in those
+    inferred numeric or boolean, which costs about five times as long: `run` does that
+    only after Polars has failed on a value, to say where (`validate` on its sample)."""
     for path in info.paths:
         try:
             if info.format == "csv":
-                _check_csv(path, info, limit)
+                _check_csv(path, info, limit, every_value)
             elif info.format == "ndjson":
-                _check_ndjson(path, _plain_columns(info.schema), limit)
+                _check_ndjson(path, info.schema, limit, every_value)
         except OSError as exc:
             raise DataError(f"{path}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
                             "changed or removed while dprun ran?") from None
 
 
-def _check_csv(path: Path, info: InputInfo, limit: int | None) -> None:
+def _check_csv(path: Path, info: InputInfo, limit: int | None, every_value: bool) -> None:
     reading = info.reading
     with _csv_text(path) as handle:
         reader = csv_rows(handle, reading)
@@ -62,7 +66,7 @@ def _check_csv(path: Path, info: InputInfo, limit: int | None) -> None:
         width = len(first)
         # Without a header the columns have the names Polars gave them, in file order.
         names = first if reading.has_header else [name for name in info.schema if name not in reading.derive]
-        checks = _value_checks(names, reading)
+        checks = _value_checks(names, info, every_value)
         if not reading.has_header:
             rows = _prepend(first, rows)
         try:
@@ -85,9 +89,19 @@ def _prepend(first: list[str], rows: Iterator[list[str]]) -> Iterator[list[str]]
     yield from rows
 
 
-def _value_checks(names: list[str], reading: InputSpec) -> list[tuple[int, str, ColumnType, Callable[[str], bool]]]:
-    types = reading.column_types()
+def _value_checks(names: list[str], info: InputInfo,
+                  every_value: bool) -> list[tuple[int, str, ColumnType, Callable[[str], bool]]]:
+    """The columns whose values must parse: typed by the spec, and with `every_value` those
+    inferred numeric or boolean (Polars stops at a value that does not fit, without saying where)."""
+    types = info.reading.column_types()
+    for name, dtype in info.schema.items() if every_value else ():
+        inferred = _INFERRED.get(type(dtype))
+        if name not in types and inferred is not None:
+            types[name] = ColumnType(type=inferred)
     return [(index, name, types[name], _parser(types[name])) for index, name in enumerate(names) if name in types]
+
+
+_INFERRED: dict[type, ColumnTypeName] = {pl.Int64: "int64", pl.Float64: "float64", pl.Boolean: "bool"}
 
 
 def _parser(kind: ColumnType) -> Callable[[str], bool]:
@@ -134,7 +148,12 @@ def _plain_columns(schema: dict[str, pl.DataType]) -> set[str]:
     return {name for name, dtype in schema.items() if not dtype.is_nested()}
 
 
-def _check_ndjson(path: Path, plain: set[str], limit: int | None) -> None:
+def _check_ndjson(path: Path, schema: dict[str, pl.DataType], limit: int | None, every_value: bool) -> None:
+    """Each line a JSON object, with single values where the columns hold them; with
+    `every_value`, values of the numeric and boolean columns of their kind."""
+    plain = _plain_columns(schema)
+    kinds = {name: _INFERRED[type(dtype)] for name, dtype in schema.items()
+             if every_value and type(dtype) in _INFERRED}
     for number, line in islice(_lines(path), limit):
         try:
             row = json.loads(line)
@@ -146,6 +165,19 @@ def _check_ndjson(path: Path, plain: set[str], limit: int | None) -> None:
             if column in plain and isinstance(value, (dict, list)):
                 raise DataError(f"{path}: line {number}: column '{column}' holds a JSON object or list, not a "
                                 "single value; fix the row (nothing was counted)")
+            expected = kinds.get(column)
+            if expected is not None and value is not None and not _json_fits(value, expected):
+                raise DataError(f"{path}: line {number}: column '{column}' does not hold {expected} values here; "
+                                "fix the row (nothing was counted)")
+
+
+def _json_fits(value: object, kind: str) -> bool:
+    """A JSON value Polars reads into a column of this kind (an integer into a float column too)."""
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind == "int64" else isinstance(value, (int, float))
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:

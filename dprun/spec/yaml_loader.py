@@ -45,6 +45,11 @@ def parse_text(text: str, filename: str) -> tuple[Any, Marks]:
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         reason = _yaml_reason(exc)
         raise SpecError([Problem(filename, line, column, "", reason)]) from None
+    except TypeError:
+        # ruamel.yaml hashes a mapping used as a mapping key (`? {a: 1}`) while checking for
+        # duplicates, which fails; dprun's keys are strings anyway.
+        raise SpecError([Problem(filename, None, None, "", "a mapping key is itself a mapping or a list; keys "
+                                 "must be strings")]) from None
     except (YAMLError, ValueError, RecursionError) as exc:
         raise SpecError([Problem(filename, None, None, "", f"not valid YAML/JSON ({type(exc).__name__})")]) from None
     marks: Marks = {}

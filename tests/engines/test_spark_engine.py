@@ -415,7 +415,8 @@ def test_a_bad_value_fails_the_run_without_showing_the_value(
     with pytest.raises(DataError) as failure:
         api.run(tmp_path / "spec.yaml", seed=1, engine="spark", spark_options={"master": "local[2,2]"})
     assert failure.value.exit_code == 3
-    assert "CAST_INVALID_INPUT" in failure.value.message
+    # Spark stops at the value (CAST_INVALID_INPUT); dprun then finds its line and column.
+    assert "data.csv: line 1202: column 'x' does not parse as float64" in failure.value.message
     captured = capfd.readouterr()
     assert "secret-4711" not in failure.value.message + captured.out + captured.err
     assert not (tmp_path / "out").exists()
