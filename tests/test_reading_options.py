@@ -221,3 +221,19 @@ def test_a_value_past_the_sample_that_does_not_fit_an_inferred_type_is_located(t
     result = invoke("run", str(spec), "--seed", str(seed))
     assert result.exit_code == 3, f"seed={seed}: {everything(result)}"
     assert "line 1500: column 'arr_delay'" in result.stderr and not leaks(result.stderr), f"seed={seed}: {result.stderr}"
+
+
+def test_a_parquet_column_that_does_not_convert_to_its_declared_type_is_named(tmp_path: Path) -> None:
+    seed = fresh_seed()
+    delays = [str(d) for d in np.random.default_rng(seed).integers(0, 100, 2000)]
+    delays[1700] = SECRET_ID
+    pl.DataFrame({"tailnum": [f"N{i % 300}" for i in range(2000)], "carrier": ["AA"] * 2000,
+                  "arr_delay": delays}).write_parquet(tmp_path / "f.parquet")
+    spec = flights_spec(tmp_path, {"columns": {"arr_delay": "int64"}})
+    document = json.loads(spec.read_text())
+    document["inputs"]["flights"]["path"] = "f.parquet"
+    spec.write_text(json.dumps(document))
+    result = invoke("run", str(spec), "--seed", str(seed))
+    assert result.exit_code == 3, f"seed={seed}: {everything(result)}"
+    assert "f.parquet: column 'arr_delay' holds a value that does not convert to int64" in result.stderr
+    assert not leaks(result.stderr), f"seed={seed}: {result.stderr}"

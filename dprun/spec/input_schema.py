@@ -138,17 +138,18 @@ def _parsed(kind: ColumnType) -> bool:
 
 
 def _typed(frame: pl.LazyFrame, types: dict[str, ColumnType]) -> pl.LazyFrame:
-    """Every column the spec types, as that type: dates parsed, others cast strictly."""
-    conversions = []
-    for name, kind in types.items():
-        column = pl.col(name)
-        if kind.type == "date":
-            conversions.append(column.cast(pl.String).str.to_date(kind.format, strict=True))
-        elif kind.type == "datetime":
-            conversions.append(column.cast(pl.String).str.to_datetime(kind.format, time_unit="us", strict=True))
-        else:
-            conversions.append(column.cast(COLUMN_TYPES[kind.type], strict=True))
+    """Every column the spec types, as that type."""
+    conversions = [typed(pl.col(name), kind) for name, kind in types.items()]
     return frame.with_columns(conversions) if conversions else frame
+
+
+def typed(column: pl.Expr, kind: ColumnType) -> pl.Expr:
+    """A column as the type the spec gives it: dates parsed with their format, others cast strictly."""
+    if kind.type == "date":
+        return column.cast(pl.String).str.to_date(kind.format, strict=True)
+    if kind.type == "datetime":
+        return column.cast(pl.String).str.to_datetime(kind.format, time_unit="us", strict=True)
+    return column.cast(COLUMN_TYPES[kind.type], strict=True)
 
 
 def _header_names_twice(paths: tuple[Path, ...], reading: InputSpec) -> list[str]:

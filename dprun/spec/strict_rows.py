@@ -30,7 +30,7 @@ from typing import TextIO
 import polars as pl
 
 from dprun.errors import DataError
-from dprun.spec.input_schema import InputInfo, csv_rows
+from dprun.spec.input_schema import InputInfo, csv_rows, typed
 from dprun.spec.models import ColumnType, ColumnTypeName
 
 # What Polars' CSV reader takes for these types (it strips surrounding blanks).
@@ -52,6 +52,8 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
                 _check_csv(path, info, limit, every_value)
             elif info.format == "ndjson":
                 _check_ndjson(path, info.schema, limit, every_value)
+            elif every_value and limit is None:  # a whole column: never in validate's sample
+                _check_parquet_types(path, info)
         except OSError as exc:
             raise DataError(f"{path}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
                             "changed or removed while dprun ran?") from None
@@ -137,6 +139,17 @@ def _date_parser(kind: ColumnType) -> Callable[[str], bool]:
 
 def _described(kind: ColumnType) -> str:
     return kind.type + (f" with format {kind.format}" if kind.format else "")
+
+
+def _check_parquet_types(path: Path, info: InputInfo) -> None:
+    """Each column the spec types converts to that type in this file (a Parquet file has
+    its own types; only a `columns` type can fail on a value)."""
+    for name, kind in info.reading.column_types().items():
+        try:
+            pl.scan_parquet(path).select(typed(pl.col(name), kind)).collect(engine="streaming")
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
+            raise DataError(f"{path}: column '{name}' holds a value that does not convert to {_described(kind)}; "
+                            "fix the file or the type in `columns` (nothing was counted)") from None
 
 
 def _csv_text(path: Path) -> TextIO:
