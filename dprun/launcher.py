@@ -57,8 +57,8 @@ def prepare_process() -> None:
 
 
 def main() -> NoReturn:
+    _exit_on_signals_while_starting()  # first: the shorter the window a signal kills the process in
     keep_native_stderr_private()
-    _exit_on_signals_while_starting()
     prepare_process()
     # Imported only now: importing Polars and numpy starts threads, and a thread that has
     # allocated keeps the malloc arena it got (`keep_freed_memory`); Polars' allocator reads
