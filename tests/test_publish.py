@@ -50,7 +50,7 @@ def dprun_process(spec: Path, pause: float) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
     env[publish.PAUSE_VARIABLE] = str(pause)
     return subprocess.Popen([sys.executable, "-m", "dprun", "run", str(spec), "--overwrite"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
 
 
 def release_folders(store: Path) -> set[Path]:
@@ -61,7 +61,7 @@ def release_folders(store: Path) -> set[Path]:
 def wait_for_a_new_release_folder(store: Path, earlier: set[Path], process: subprocess.Popen[str], seed: int) -> None:
     """Until the run starts writing its release (publication begins), polling every 2 ms."""
     while not release_folders(store) - earlier:
-        assert process.poll() is None, f"seed={seed}: the run ended before publishing: {process.stderr}"
+        assert process.poll() is None, f"seed={seed}: the run ended (exit {process.returncode}) before publishing"
         time.sleep(0.002)
 
 
