@@ -228,8 +228,8 @@ def ledger_status(spec: str | Path | ValidatedSpec, ledger: str | Path | None = 
 def verify(report_path: str | Path) -> Verified:
     """Check that the files at a release's output paths are the ones its report names.
 
-    Raises `NotVerified` (exit 7) naming each output that is missing, changed, or of
-    another release; reads only the report and the outputs.
+    Raises `NotVerified` (exit 7) naming each output that is missing or whose sha256 is
+    not the report's; reads only the report and the outputs.
     """
     return verify_release(Path(report_path))
 

@@ -431,8 +431,10 @@ def main(args: list[str] | None = None) -> NoReturn:
         # Python runs signal handlers at calls, never before a plain attribute store: once
         # the command returns or raises, no signal can cut in ahead of this line.
         _interruption.settled = True
-        code = ExitCode.OK if _interruption.received is None or _interruption.published else \
-            _report_failure(_interruption.reported(Stop(_interruption.received)), as_json)
+        received = _interruption.received
+        # A signal that was lost where it landed, in a command that then finished unpublished.
+        code = ExitCode.OK if received is None or _interruption.published else \
+            _report_failure(Stop(received).as_error(), as_json)
     except BaseException as error:  # noqa: BLE001 - last line of defence, incl. Rust panics from Polars
         _interruption.settled = True
         code = _report_failure(_interruption.reported(error), as_json)

@@ -97,7 +97,7 @@ class AlreadyReleased(DprunError):
 
 
 class NotVerified(DprunError):
-    """`dprun verify`: an output is missing, changed, or from another release."""
+    """`dprun verify`: an output is missing, or its sha256 is not the one its report gives."""
 
     exit_code = ExitCode.NOT_VERIFIED
 

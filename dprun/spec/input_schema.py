@@ -174,8 +174,7 @@ def csv_rows(handle: TextIO, reading: InputSpec) -> Iterator[list[str]]:
         prefix = reading.comment_prefix
         # A comment line reads as an empty row, which every caller skips: line numbers stay true.
         lines = ("\n" if line.startswith(prefix) else line for line in handle)
-    rows = csv.reader(lines, delimiter=reading.separator, quotechar=reading.quote_char or '"', quoting=quoting)
-    return rows
+    return csv.reader(lines, delimiter=reading.separator, quotechar=reading.quote_char or '"', quoting=quoting)
 
 
 def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], list[Finding]]:
@@ -316,10 +315,17 @@ def _public_column(values: list[Scalar] | PublicColumn, column: str, base_dir: P
 
 def _key_file(name: str, base_dir: Path) -> pl.DataFrame:
     """A public key file, its values as written (CSV as text, so that they cast like inline keys)."""
+    path = _key_path(name, base_dir)
+    return pl.read_parquet(path) if _is_parquet(path) else pl.read_csv(path, infer_schema_length=0)
+
+
+def _key_path(name: str, base_dir: Path) -> Path:
     path = Path(name)
-    path = path if path.is_absolute() else base_dir / path
-    return pl.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pl.read_csv(
-        path, infer_schema_length=0)
+    return path if path.is_absolute() else base_dir / path
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in (".parquet", ".pq")
 
 
 def _public_file(query: Query, base_dir: Path) -> list[Finding]:
@@ -330,13 +336,12 @@ def _public_file(query: Query, base_dir: Path) -> list[Finding]:
     findings: list[Finding] = []
     for field, name, column in partitions.key_files():
         at: FieldPath = ("partitions", *field)
-        path = Path(name)
-        path = path if path.is_absolute() else base_dir / path
+        path = _key_path(name, base_dir)
         if not path.is_file():
             findings.append((at, f"public partition file '{name}' not found"))
             continue
         try:
-            if path.suffix.lower() in (".parquet", ".pq"):
+            if _is_parquet(path):
                 columns = list(pl.read_parquet_schema(path))
             else:
                 columns = list(pl.scan_csv(path, infer_schema_length=0).collect_schema())

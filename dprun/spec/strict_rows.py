@@ -6,10 +6,12 @@ in a column of plain values is read as its JSON text. Either way a malformed row
 be counted. So before a plan runs, each CSV and NDJSON input is read once, row by row,
 with Python's `csv` and `json` modules (Polars has no strict mode for these cases), and
 the first malformed row stops the run with its file, line and column, never its values.
-A CSV value in a column the spec types (`columns`) must parse as that type; other values
-are Polars' to parse, and a failure there is reported without a line (exit 3 too).
+A CSV value in a column the spec types (`columns`) must parse as that type. Values of
+inferred columns are Polars' to parse; when Polars stops at one without saying where,
+`run` calls `check_rows(..., every_value=True)` to find it (also for a Parquet column
+the spec types).
 
-`validate` runs the same check on the first SCHEMA_SAMPLE_ROWS rows of each file.
+`validate` runs the check, every value included, on the first SCHEMA_SAMPLE_ROWS rows.
 
 Cost: one extra pass over the file, about 0.3 s per million short CSV rows and a few
 times that for NDJSON on the benchmark machine (docs/spec.md, "inputs"). Parquet files
