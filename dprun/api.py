@@ -8,10 +8,13 @@
 
 The release ledger (docs/ledger.md):
 
-    api.run("spec.yaml", ledger="ledger.jsonl")   # refuses a re-release or a spend past the lifetime
-    result.ledger_entry                            # the entry appended for this release
+    api.run("spec.yaml", ledger="ledger.db")      # refuses a re-release or a spend past the lifetime
+    result.ledger_entry                            # this release's entry, marked published
     api.ledger_status(validated)                   # spent / remaining for the spec's dataset, or None
-    api.read_ledger("ledger.jsonl")                # every entry, checked
+    api.read_ledger("ledger.db")                   # every entry, checked (or a postgresql:// URL)
+    api.import_ledger("old.jsonl", "ledger.db")    # a JSON-lines ledger into a new database
+    api.export_ledger("ledger.db")                 # every entry as JSON lines
+    api.abandon_release(7, "ledger.db")            # a pending release whose run died stops counting
     api.scaffold("data.parquet", "spec.yaml")      # a commented spec from the file's schema
     api.verify("out/report.json")                  # the outputs are the report's release, or NotVerified
 
@@ -27,7 +30,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,15 +38,20 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from dprun import ledger as ledger_mod
 from dprun import scaffold as scaffold_mod
 from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
+from dprun.ledger import entries as ledger_entries
+from dprun.ledger import jsonl as ledger_jsonl
+from dprun.ledger import location as ledger_location
+from dprun.ledger import open_ledger
+from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.spec.strict_rows import check_rows
-from dprun.verify import Verified, verify_release
+from dprun.verify import Verified, sha256_of, verify_release
 
 if TYPE_CHECKING:
+    from dprun.mechanisms.sampling import RandomSource
     from dprun.plan import Plan, QueryPlan
 
 # numpy, the mechanisms and the engines are imported by the calls that need them (plan, run):
@@ -59,8 +67,8 @@ class RunResult:
     tables: dict[str, pl.DataFrame]
     report: dict[str, Any]
     report_path: Path
-    ledger_entry: dict[str, Any] | None = None  # the entry appended for this release
-    ledger_status: ledger_mod.Status | None = None  # the dataset's spend, this release included
+    ledger_entry: dict[str, Any] | None = None  # this release's entry, marked published
+    ledger_status: ledger_entries.Status | None = None  # the dataset's spend, this release included
 
 
 def validate(spec_path: str | Path) -> ValidatedSpec:
@@ -98,11 +106,12 @@ def run(
     `seed` makes the run deterministic for tests; the report then says
     `non_private_test_seed: true` and the release is not private.
 
-    With a ledger (`ledger`, else $DPRUN_LEDGER, else the spec's `ledger:`), its lock is
-    held from the check, before any data row is read, until this release's entry is
-    appended after the outputs are committed. A re-release of the same spec on the same
-    data raises `AlreadyReleased` unless `new_release`; a spend past `budget.lifetime`
-    raises `BudgetRefused`. A failed run appends nothing.
+    With a ledger (`ledger`, else $DPRUN_LEDGER, else the spec's `ledger:`: a path or a
+    postgresql:// URL), the release's spend is checked and reserved in one transaction
+    before any data row is read: a re-release of the same spec on the same data raises
+    `AlreadyReleased` unless `new_release`; a spend past `budget.lifetime` raises
+    `BudgetRefused`. The reservation is marked published once the outputs are committed,
+    and abandoned (spending nothing) if the run fails before that.
 
     `engine="spark"` runs the same plan on Spark (docs/scale.md); `spark_options` holds
     `master` (default local[*]) or `remote` (a Spark Connect sc:// URL) and `conf` (a
@@ -111,118 +120,169 @@ def run(
 
     `checkpoint` is called before each query and before publication, where it may raise to
     stop the run (the CLI raises there for a signal that arrived earlier and was lost).
-    `on_published` is called once every output is in place and the ledger entry appended,
-    while SIGINT and SIGTERM are still held off: from then on the release exists, and a
-    caller that stops on a signal must no longer say that nothing was published.
+    `on_published` is called once every output is in place and the ledger entry marked
+    published, while SIGINT and SIGTERM are still held off: from then on the release
+    exists, and a caller that stops on a signal must no longer say that nothing was published.
     """
-    from dprun.engines import polars_engine, spark_engine
-    from dprun.engines.polars_steps import run_failure
     from dprun.mechanisms.sampling import RandomSource
-    from dprun.render import explanation_markdown
-    from dprun.report import input_fingerprints, release_report
 
     if engine not in ENGINES:
         raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
     validated = validate(spec_path)
     the_plan = plan(validated)
-    ledger_path = ledger_mod.resolve_path(validated.loaded, ledger)
-    ledger_mod.require_ledger_for_lifetime(validated.loaded, ledger_path)
-    _require_ledger_apart(validated, ledger_path)
-    report_md = the_plan.report_path.with_suffix(".md")
-    targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
-    targets += [(the_plan.report_path, True), (report_md, True)]
-    with ExitStack() as held:
-        book: ledger_mod.Ledger | None = None
-        release: ledger_mod.Release | None = None
-        if ledger_path is not None:
-            book = held.enter_context(ledger_mod.locked(ledger_path, on_wait=progress))
-            release = _release(validated, the_plan)
-            ledger_mod.check(book.status(release), new_release)
-        elif progress is not None:
-            progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
-        refuse_existing(targets)
-        for name in sorted({q.input for q in the_plan.queries}):
-            if progress is not None and validated.inputs[name].format != "parquet":
-                progress(f"checking the rows of input {name}")
-            check_rows(validated.inputs[name])
-        if engine == "spark":
-            for name in sorted({q.input for q in the_plan.queries}):
-                spark_engine.refuse_unreadable(validated.inputs[name])
-        spark = _spark(spark_options, progress) if engine == "spark" else None
-        source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
-        tables: dict[str, pl.DataFrame] = {}
-        # Intermediate files hold private data: a folder only this user can read, always removed.
-        with _scratch_folder() as scratch:
-            for index, query in enumerate(the_plan.queries):
-                if checkpoint is not None:
-                    checkpoint()
-                if progress is not None:
-                    progress(f"running query {query.name}")
-                workdir = Path(scratch) / str(index)
-                workdir.mkdir()
-                try:
-                    if spark is not None:
-                        tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source,
-                                                                    spark)
-                    else:
-                        tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source,
-                                                                     workdir)
-                except OSError as exc:
-                    # Reading an input (removed since validation?) or writing scratch files.
-                    raise run_failure(exc, workdir) from None
-                except DataError:
-                    # Polars stopped at a value without saying where: find it, then say so.
-                    check_rows(validated.inputs[query.input], every_value=True)
-                    raise
-                except pl.exceptions.PanicException:
-                    raise DprunError(
-                        f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
-                        "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
-                        "Nothing was published") from None
-        if release is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
-                release.input_hashes:
-            raise DataError("the input files changed while dprun ran; nothing was published or spent")
-        release_id = secrets.token_hex(8)
-        digests: dict[Path, str] = {}
-        entry: dict[str, Any] | None = None
-        with staged(store_of(the_plan.report_path), release_id) as staging:
-            for query in the_plan.queries:
-                staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query, release_id),
-                                                         query.output_path, digests))
-            report = release_report(the_plan, {name: table.height for name, table in tables.items()},
-                                    {q.name: (_relative(q.output_path, the_plan), digests[q.output_path])
-                                     for q in the_plan.queries},
-                                    release_id, _now()[:10], source.is_test_seed)
-            staging.write(the_plan.report_path, _hashed(
-                lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
-            staging.write(report_md, _hashed(
-                lambda p: p.write_text(explanation_markdown(report, "DP release")), report_md, digests))
-            if checkpoint is not None:
-                checkpoint()
-            # Publication and its ledger entry go together: a signal now waits until both are done.
-            with _signals_deferred():
-                staging.commit()
-                if book is not None and release is not None:
-                    entry = _record(book, release, the_plan, report_md, digests, new_release,
-                                    source.is_test_seed)
-                if on_published is not None:
-                    on_published()
-        after = None if book is None or release is None else book.status(release)
+    location = ledger_location.resolve(validated.loaded, ledger)
+    ledger_entries.require_ledger_for_lifetime(validated.loaded, location)
+    _require_ledger_apart(validated, location)
+    source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
+    release_id = secrets.token_hex(8)
+    book = None if location is None else open_ledger(location)
+    reserved: _Reserved | None = None
+    if book is not None:
+        release = _release(validated, the_plan)
+        pending = ledger_entries.pending_entry(
+            release, release_id, _now(), [{"query": q.name, "path": str(q.output_path)} for q in the_plan.queries],
+            {"path": str(the_plan.report_path)}, new_release, source.is_test_seed)
+        reserved = _Reserved(book, release, book.reserve(release, pending, new_release))
+    elif progress is not None:
+        progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
+    published: list[bool] = []
+    try:
+        tables = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress, checkpoint,
+                          reserved)
+        report, entry = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
+                                 on_published, published)
+    except BaseException:
+        if reserved is not None and not published:
+            reserved.abandon()
+        raise
+    after = None if reserved is None else reserved.book.status(reserved.release)
     return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
 
 
-def ledger_status(spec: str | Path | ValidatedSpec, ledger: str | Path | None = None) -> ledger_mod.Status | None:
+@dataclass(frozen=True)
+class _Reserved:
+    """A run's reservation in the ledger: the store, the release, and its pending entry."""
+
+    book: SqlLedger
+    release: ledger_entries.Release
+    entry: dict[str, Any]
+
+    def abandon(self) -> None:
+        """Mark the reservation abandoned after a failure that published nothing.
+
+        If the ledger cannot be reached now, the entry stays pending and still counts as
+        spent: the safe side. The failure that stopped the run is the one reported.
+        """
+        try:
+            self.book.abandon(self.entry["release"])
+        except ledger_entries.LedgerError:
+            pass
+
+
+def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: str,
+             spark_options: dict[str, Any] | None, source: RandomSource, progress: Progress | None,
+             checkpoint: Callable[[], None] | None, reserved: _Reserved | None) -> dict[str, pl.DataFrame]:
+    """Every query's DP table, after the checks that come before any data is processed."""
+    from dprun.engines import polars_engine, spark_engine
+    from dprun.engines.polars_steps import run_failure
+    from dprun.report import input_fingerprints
+
+    report_md = the_plan.report_path.with_suffix(".md")
+    targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
+    refuse_existing([*targets, (the_plan.report_path, True), (report_md, True)])
+    for name in sorted({q.input for q in the_plan.queries}):
+        if progress is not None and validated.inputs[name].format != "parquet":
+            progress(f"checking the rows of input {name}")
+        check_rows(validated.inputs[name])
+    if engine == "spark":
+        for name in sorted({q.input for q in the_plan.queries}):
+            spark_engine.refuse_unreadable(validated.inputs[name])
+    spark = _spark(spark_options, progress) if engine == "spark" else None
+    tables: dict[str, pl.DataFrame] = {}
+    # Intermediate files hold private data: a folder only this user can read, always removed.
+    with _scratch_folder() as scratch:
+        for index, query in enumerate(the_plan.queries):
+            if checkpoint is not None:
+                checkpoint()
+            if progress is not None:
+                progress(f"running query {query.name}")
+            workdir = Path(scratch) / str(index)
+            workdir.mkdir()
+            try:
+                if spark is not None:
+                    tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source, spark)
+                else:
+                    tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source,
+                                                                 workdir)
+            except OSError as exc:
+                # Reading an input (removed since validation?) or writing scratch files.
+                raise run_failure(exc, workdir) from None
+            except DataError:
+                # Polars stopped at a value without saying where: find it, then say so.
+                check_rows(validated.inputs[query.input], every_value=True)
+                raise
+            except pl.exceptions.PanicException:
+                raise DprunError(
+                    f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
+                    "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
+                    "Nothing was published") from None
+    if reserved is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
+            reserved.release.input_hashes:
+        raise DataError("the input files changed while dprun ran; nothing was published or spent")
+    return tables
+
+
+def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,
+             release_id: str, reserved: _Reserved | None, checkpoint: Callable[[], None] | None,
+             on_published: Callable[[], None] | None, published: list[bool]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Stage every output and the reports, commit them at once, then mark the reservation published.
+
+    `published` gets True appended the moment the outputs are committed: from then on the
+    release exists, and its reservation must never be abandoned.
+    """
+    from dprun.render import explanation_markdown
+    from dprun.report import release_report
+
+    report_md = the_plan.report_path.with_suffix(".md")
+    digests: dict[Path, str] = {}
+    entry: dict[str, Any] | None = None
+    with staged(store_of(the_plan.report_path), release_id) as staging:
+        for query in the_plan.queries:
+            staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query, release_id),
+                                                     query.output_path, digests))
+        report = release_report(the_plan, {name: table.height for name, table in tables.items()},
+                                {q.name: (_relative(q.output_path, the_plan), digests[q.output_path])
+                                 for q in the_plan.queries},
+                                release_id, _now()[:10], source.is_test_seed)
+        staging.write(the_plan.report_path, _hashed(
+            lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
+        staging.write(report_md, _hashed(
+            lambda p: p.write_text(explanation_markdown(report, "DP release")), report_md, digests))
+        if checkpoint is not None:
+            checkpoint()
+        # Publication and marking its ledger entry go together: a signal now waits until both are done.
+        with _signals_deferred():
+            staging.commit()
+            published.append(True)
+            if reserved is not None:
+                entry = _record(reserved, the_plan, report_md, digests)
+            if on_published is not None:
+                on_published()
+    return report, entry
+
+
+def ledger_status(spec: str | Path | ValidatedSpec,
+                  ledger: str | Path | None = None) -> ledger_entries.Status | None:
     """What the spec's dataset has spent in the ledger and what this spec would cost; None without a ledger.
 
-    Reads the ledger without its lock (it is only ever replaced atomically) and hashes the
-    input files for their fingerprints; reads no data rows.
+    Reads the ledger in one read-only transaction (creating nothing) and hashes the input
+    files for their fingerprints; reads no data rows.
     """
     validated = spec if isinstance(spec, ValidatedSpec) else validate(spec)
-    path = ledger_mod.resolve_path(validated.loaded, ledger)
-    if path is None:
+    location = ledger_location.resolve(validated.loaded, ledger)
+    if location is None:
         return None
-    release = _release(validated, plan(validated))
-    return ledger_mod.status(path, ledger_mod.read_entries(path), release)
+    return open_ledger(location).status(_release(validated, plan(validated)))
 
 
 def verify(report_path: str | Path) -> Verified:
@@ -234,9 +294,56 @@ def verify(report_path: str | Path) -> Verified:
     return verify_release(Path(report_path))
 
 
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    """Every entry of a ledger, checked (raises `LedgerError`, exit 6, if it is corrupt)."""
-    return ledger_mod.read_entries(Path(path))
+def read_ledger(ledger: str | Path) -> list[dict[str, Any]]:
+    """Every entry of a ledger (a path or a postgresql:// URL), checked, with its state.
+
+    Raises `LedgerError` (exit 6) if it is corrupt or cannot be reached.
+    """
+    return open_ledger(_location(ledger)).entries()
+
+
+def import_ledger(jsonl_path: str | Path, ledger: str | Path) -> int:
+    """Move the entries of a JSON-lines ledger (an old file ledger, or an export) into an empty ledger, exactly.
+
+    Returns how many entries were imported.
+    """
+    entries = ledger_jsonl.read_lines(Path(jsonl_path))
+    open_ledger(_location(ledger)).import_entries(entries)
+    return len(entries)
+
+
+def export_ledger(ledger: str | Path) -> str:
+    """Every entry of a ledger as JSON lines, for audit (`import_ledger` takes them back)."""
+    return ledger_jsonl.lines(read_ledger(ledger))
+
+
+def abandon_release(number: int, ledger: str | Path) -> dict[str, Any]:
+    """Mark a pending release abandoned, so that its spend no longer counts (see docs/ledger.md).
+
+    Refused if its report on this machine shows that it was published.
+    """
+    book = open_ledger(_location(ledger))
+    entry = next((e for e in book.entries() if e["release"] == number), None)
+    if entry is not None and _was_published(entry):
+        raise ledger_entries.LedgerError(
+            f"release {number} was published: its report {entry['report']['path']} names it. Its spend stays "
+            "counted; nothing was changed")
+    return book.abandon(number)
+
+
+def _was_published(entry: dict[str, Any]) -> bool:
+    """Whether the report at the entry's report path (on this machine) is this release's."""
+    try:
+        report = json.loads(Path(entry["report"]["path"]).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(report, dict) and report.get("release_id") == entry.get("release_id")
+
+
+def _location(ledger: str | Path) -> ledger_location.Location:
+    located = ledger_location.resolve(None, ledger)
+    assert located is not None
+    return located
 
 
 def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:
@@ -247,59 +354,60 @@ def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: st
     return scaffold_mod.scaffold(Path(data_path), None if spec_path is None else Path(spec_path), fmt)
 
 
-def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_mod.Release:
+def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_entries.Release:
     from dprun.report import input_fingerprints
 
-    return ledger_mod.make_release(validated.loaded, (the_plan.total_epsilon, the_plan.total_delta),
-                                   the_plan.accounting, input_fingerprints(validated.inputs))
+    return ledger_entries.make_release(validated.loaded, (the_plan.total_epsilon, the_plan.total_delta),
+                                       the_plan.accounting, input_fingerprints(validated.inputs))
 
 
-def _require_ledger_apart(validated: ValidatedSpec, ledger_path: Path | None) -> None:
+def _require_ledger_apart(validated: ValidatedSpec, location: ledger_location.Location | None) -> None:
     """A ledger given by --ledger or $DPRUN_LEDGER gets the check `validate` makes of the spec's `ledger:`."""
-    if ledger_path is None:
+    if not isinstance(location, Path):
         return
-    if not ledger_path.name or ledger_path.is_dir():
+    if not location.name or location.is_dir():
         raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
-            f"the ledger {ledger_path} is a folder: give the path of a file (e.g. ledger.jsonl)"))])
-    if {ledger_path, ledger_mod.lock_path(ledger_path)}.isdisjoint(validated.loaded.published_and_read()):
+            f"the ledger {location} is a folder: give the path of a file (e.g. ledger.db)"))])
+    if ledger_location.companion_files(location).isdisjoint(validated.loaded.published_and_read()):
         return
     raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
-        f"the ledger {ledger_path} (or the .lock file beside it) is a file this spec reads or publishes "
+        f"the ledger {location} (or the journal SQLite keeps beside it) is a file this spec reads or publishes "
         "(an input, a public key file, the spec, an output or the report)"))])
 
 
-def _record(book: ledger_mod.Ledger, release: ledger_mod.Release, the_plan: Plan,
-            report_md: Path, digests: dict[Path, str], new_release: bool, test_seed: bool) -> dict[str, Any]:
-    outputs = [{"query": q.name, "path": str(q.output_path), "sha256": digests[q.output_path]}
-               for q in the_plan.queries]
-    entry = ledger_mod.new_entry(
-        release, _now(), outputs,
-        {"path": str(the_plan.report_path), "sha256": digests[the_plan.report_path]},
-        {"path": str(report_md), "sha256": digests[report_md]},
-        new_release, test_seed,
-    )
+def _record(reserved: _Reserved, the_plan: Plan, report_md: Path, digests: dict[Path, str]) -> dict[str, Any]:
+    """Mark the reservation published, with every file's sha256. The outputs are committed already."""
+    entry = {
+        **reserved.entry,
+        "published_at": _now(),
+        "outputs": [{"query": q.name, "path": str(q.output_path), "sha256": digests[q.output_path]}
+                    for q in the_plan.queries],
+        "report": {"path": str(the_plan.report_path), "sha256": digests[the_plan.report_path]},
+        "report_markdown": {"path": str(report_md), "sha256": digests[report_md]},
+    }
     try:
-        return book.append(entry)
-    except ledger_mod.LedgerError as error:
-        raise ledger_mod.LedgerError(
-            f"the release WAS published but could not be recorded: {error.message}. Append this entry to the "
-            f"ledger by hand before any other release: {json.dumps(entry, ensure_ascii=False)}"
+        return reserved.book.publish(entry)
+    except ledger_entries.LedgerError as error:
+        raise ledger_entries.LedgerError(
+            f"the release WAS published, but the ledger could not mark it so: {error.message}. Its reservation "
+            f"(release {entry['release']}) stays pending, which still counts its spend: nothing more is needed "
+            "for the budget. `dprun ledger show` lists it as pending"
         ) from None
 
 
 def _hashed(writer: Callable[[Path], None], target: Path, digests: dict[Path, str]) -> Callable[[Path], None]:
     def write(path: Path) -> None:
         writer(path)
-        digests[target] = ledger_mod.sha256_of(path)
+        digests[target] = sha256_of(path)
     return write
 
 
 @contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Let SIGINT/SIGTERM wait while outputs are moved into place and the ledger entry is appended.
+    """Let SIGINT/SIGTERM wait while outputs are moved into place and the ledger entry is marked published.
 
-    Once the first output is renamed into place the release exists, so stopping before
-    its entry is written would leave a published release the ledger does not know of.
+    Once the first output is renamed into place the release exists; stopping before its
+    entry is marked would leave it pending (counted, but without its files' sha256s).
     A signal that arrives meanwhile is dropped: the release is complete a moment later.
     """
     if threading.current_thread() is not threading.main_thread():

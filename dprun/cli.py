@@ -13,23 +13,23 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from dprun import ledger as ledger_mod
 from dprun.errors import DprunError, ExitCode, Interrupted, OutputError
+from dprun.ledger import location as ledger_location
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from dprun import api
+    from dprun.ledger.entries import Status
 
 # Each command imports what it needs (Polars, pydantic, numpy, rich): `dprun --help` loads
 # none of them, `validate` no numpy (docs/ci.md, "Start-up time").
 
 FORMATS = click.Choice(["text", "json"])
 spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
-ledger_option = click.option(
-    "--ledger", "ledger", type=click.Path(path_type=Path, dir_okay=False), default=None,
-    help=f"Release ledger (JSON lines); overrides ${ledger_mod.ENVIRONMENT_VARIABLE} and the spec's `ledger:`.",
-)
+LEDGER_HELP = ("Release ledger: a file (SQLite) or a postgresql:// URL; overrides "
+               f"${ledger_location.ENVIRONMENT_VARIABLE} and the spec's `ledger:`.")
+ledger_option = click.option("--ledger", "ledger", default=None, help=LEDGER_HELP)
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
@@ -77,12 +77,13 @@ def validate(spec: Path, fmt: str) -> None:
 @spec_argument
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 @ledger_option
-def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
+def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
     """Show how the budget is spent and how accurate each number will be; reads no data rows.
 
     With a ledger, also what the spec's dataset has spent so far and what remains.
     """
     from dprun import api
+    from dprun.ledger.entries import status_lines
     from dprun.render import explanation_markdown, print_explanation
     from dprun.report import explain
 
@@ -90,7 +91,7 @@ def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
     explanation = explain(api.plan(validated))
     status = api.ledger_status(validated, ledger)
     explanation["ledger"] = None if status is None else status.as_dict()
-    lines = ledger_mod.status_lines(status, validated.spec.budget.lifetime is not None)
+    lines = status_lines(status, validated.spec.budget.lifetime is not None)
     if fmt == "json":
         click.echo(json.dumps(explanation, indent=2))
     elif fmt == "markdown":
@@ -118,7 +119,7 @@ def explain_budget(spec: Path, fmt: str, ledger: Path | None) -> None:
 @click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Spark configuration for --engine spark; repeatable.")
-def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: Path | None, new_release: bool,
+def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: str | None, new_release: bool,
         engine: str, spark_master: str | None, spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
     """Execute the spec and publish the DP outputs and the report (all or nothing).
 
@@ -176,10 +177,10 @@ def _spark_options(engine: str, master: str | None, remote: str | None,
     return {"master": master, "remote": remote, "conf": list(conf)}
 
 
-def _ledger_line(status: ledger_mod.Status | None) -> str:
+def _ledger_line(status: Status | None) -> str:
     if status is None:
         return "ledger: none configured; this release was not recorded"
-    line = f"ledger: recorded in {status.path}; dataset spent {status.spent} in {status.releases} release(s)"
+    line = f"ledger: recorded in {status.ledger}; dataset spent {status.spent} in {status.releases} release(s)"
     if status.remaining is not None:
         line += f"; remaining {status.remaining}"
     return line
@@ -215,7 +216,7 @@ def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | 
             for q in report["queries"]
         ],
         "ledger": None if status is None or entry is None else {
-            "path": str(status.path),
+            "path": status.ledger,
             "release": entry["release"],
             "dataset": status.release.dataset,
             "spent": status.spent.as_dict(),
@@ -247,37 +248,62 @@ def verify(report: Path, fmt: str) -> None:
 
 @cli.group()
 def ledger() -> None:
-    """Inspect the release ledger."""
+    """Inspect, move and mend the release ledger (docs/ledger.md)."""
+
+
+ledger_argument = click.argument("where", metavar="[LEDGER]", required=False)
+spec_ledger_option = click.option("--spec", "spec", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                                  help="Use the ledger this spec names (its `ledger:`).")
+
+
+def _which_ledger(where: str | None, spec: Path | None) -> ledger_location.Location:
+    """LEDGER, else $DPRUN_LEDGER, else the ledger --spec names."""
+    from dprun import api
+
+    loaded = None if spec is None or where else api.validate(spec).loaded
+    location = ledger_location.resolve(loaded, where)
+    if location is None:
+        raise click.UsageError(f"which ledger? give LEDGER, set ${ledger_location.ENVIRONMENT_VARIABLE}, "
+                               "or --spec SPEC")
+    return location
+
+
+def _existing_ledger(where: str | None, spec: Path | None) -> ledger_location.Location:
+    location = _which_ledger(where, spec)
+    if isinstance(location, Path) and not location.exists():
+        raise OutputError(f"no ledger at {location}")
+    return location
 
 
 @ledger.command("show")
-@click.argument("path", required=False, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--spec", "spec", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Use the ledger this spec names (its `ledger:`).")
+@ledger_argument
+@spec_ledger_option
 @click.option("--dataset", default=None, help="Only the releases of this dataset id.")
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
-def ledger_show(path: Path | None, spec: Path | None, dataset: str | None, fmt: str) -> None:
-    """List the releases in a ledger: PATH, else $DPRUN_LEDGER, else the one --spec names."""
-    from dprun import api
+def ledger_show(where: str | None, spec: Path | None, dataset: str | None, fmt: str) -> None:
+    """List the releases in a ledger: LEDGER, else $DPRUN_LEDGER, else the one --spec names.
 
-    loaded = None if spec is None or path is not None else api.validate(spec).loaded
-    where = ledger_mod.resolve_path(loaded, path)
-    if where is None:
-        raise click.UsageError(f"which ledger? give PATH, set ${ledger_mod.ENVIRONMENT_VARIABLE}, or --spec SPEC")
-    if not where.exists():
-        raise OutputError(f"no ledger at {where}")
-    entries = [e for e in api.read_ledger(where) if dataset is None or e["dataset"] == dataset]
-    totals = ledger_mod.totals_by_dataset(entries)
+    A pending release is one whose run reserved its spend and has not finished, or died:
+    it counts as spent.
+    """
+    from dprun import api
+    from dprun.ledger.entries import totals_by_dataset
+
+    location = _existing_ledger(where, spec)
+    shown = ledger_location.shown(location)
+    entries = [e for e in api.read_ledger(location) if dataset is None or e["dataset"] == dataset]
+    totals = totals_by_dataset(entries)
     if fmt == "json":
-        click.echo(json.dumps({"ok": True, "ledger": str(where), "releases": entries, "datasets": totals}, indent=2))
+        click.echo(json.dumps({"ok": True, "ledger": shown, "releases": entries, "datasets": totals}, indent=2))
         return
-    lines = [f"ledger {where}: {len(entries)} release(s)"]
+    lines = [f"ledger {shown}: {len(entries)} release(s)"]
     for entry in entries:
-        flags = " [new release]" if entry.get("new_release") else ""
+        flags = "" if entry["state"] == "published" else f" [{entry['state'].upper()}]"
+        flags += " [new release]" if entry.get("new_release") else ""
         flags += " [TEST SEED, not private]" if entry.get("non_private_test_seed") else ""
         spec_name = entry.get("spec") or Path(str(entry.get("spec_path", "?"))).name
         lines += [
-            f"#{entry.get('release', '?')}  {entry['time']}  spec {spec_name} ({entry['spec_sha256'][:12]})  "
+            f"#{entry['release']}  {entry['time']}  spec {spec_name} ({entry['spec_sha256'][:12]})  "
             f"ε={entry['epsilon']} δ={entry['delta']} ({entry['accounting']}){flags}",
             f"    dataset {_short_dataset(entry['dataset'])}",
             *[f"    output  {o['path']}" for o in entry["outputs"]],
@@ -285,13 +311,75 @@ def ledger_show(path: Path | None, spec: Path | None, dataset: str | None, fmt: 
         ]
     for key, total in totals.items():
         spent = total["spent"]
-        lines.append(f"dataset {_short_dataset(key)}: {total['releases']} release(s), "
+        pending = f" ({total['pending']} pending)" if total["pending"] else ""
+        lines.append(f"dataset {_short_dataset(key)}: {total['releases']} release(s){pending}, "
                      f"spent ε={spent['epsilon']}, δ={spent['delta']}")
     click.echo("\n".join(lines))
 
 
+@ledger.command("import")
+@click.argument("jsonl", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@ledger_argument
+@spec_ledger_option
+def ledger_import(jsonl: Path, where: str | None, spec: Path | None) -> None:
+    """Move the releases of a JSON-lines ledger (JSONL) into a new, empty ledger, exactly.
+
+    JSONL is a ledger file written by an earlier dprun, or the output of `ledger export`.
+    The ledger is LEDGER, else $DPRUN_LEDGER, else the one --spec names.
+    """
+    from dprun import api
+
+    location = _which_ledger(where, spec)
+    count = api.import_ledger(jsonl, location)
+    click.echo(f"imported {count} release(s) from {jsonl} into {ledger_location.shown(location)}")
+
+
+@ledger.command("export")
+@ledger_argument
+@spec_ledger_option
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write the JSON lines here (replaced whole, never half-written); default: print them.")
+def ledger_export(where: str | None, spec: Path | None, output: Path | None) -> None:
+    """Write every release of a ledger as JSON lines, exact, for audit or `ledger import`."""
+    from dprun import api
+    from dprun.publish import write_whole
+
+    text = api.export_ledger(_existing_ledger(where, spec))
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_whole(output, text.encode())
+
+
+@ledger.command("abandon")
+@click.argument("release", type=int)
+@ledger_argument
+@spec_ledger_option
+@click.option("--confirm-not-published", is_flag=True,
+              help="Required: you checked that the run holding this reservation died and published nothing.")
+def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_not_published: bool) -> None:
+    """Stop counting the spend of pending RELEASE, whose run died before publishing.
+
+    A pending release counts as spent because its run may have published, or drawn noise
+    someone saw, before it died. Abandon it only once you know that its outputs never
+    left the machine it ran on (docs/ledger.md). Refused without --confirm-not-published,
+    and when the release's report on this machine names it.
+    """
+    from dprun import api
+
+    if not confirm_not_published:
+        raise click.UsageError("abandoning a release frees its budget: pass --confirm-not-published once you know "
+                               "its run died and none of its outputs was published")
+    location = _existing_ledger(where, spec)
+    entry = api.abandon_release(release, location)
+    click.echo(f"release {entry['release']} abandoned in {ledger_location.shown(location)}: its spend "
+               f"(ε={entry['epsilon']}, δ={entry['delta']}) no longer counts")
+
+
 def _short_dataset(key: str) -> str:
-    return key[:30] + "…" if key.startswith(ledger_mod.FINGERPRINT_PREFIX) else key
+    from dprun.ledger.entries import FINGERPRINT_PREFIX
+
+    return key[:30] + "…" if key.startswith(FINGERPRINT_PREFIX) else key
 
 
 @cli.command()

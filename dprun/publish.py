@@ -161,6 +161,20 @@ class Staging:
                 temporary.unlink(missing_ok=True)
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """Write one file whole or not at all: a temporary file beside it, synced, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.dprun-{secrets.token_hex(6)}.tmp")
+    try:
+        with temporary.open("xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
+
+
 def _replace_with_link(path: Path, link: str) -> None:
     temporary = path.with_name(f".{path.name}.dprun-{secrets.token_hex(6)}.tmp")
     os.symlink(link, temporary)

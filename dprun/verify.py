@@ -8,6 +8,7 @@ readers who hold the file without the report; its sha256 covers that too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from dprun.errors import NotVerified
-from dprun.ledger import sha256_of
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,11 @@ def _output_problem(path: Path, sha256: str) -> str | None:
     except OSError as exc:
         return f"cannot be read ({exc.strerror or type(exc).__name__})"
     return None if found == sha256 else "its sha256 differs from the report's"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

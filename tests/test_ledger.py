@@ -1,6 +1,8 @@
-"""The release ledger through the real command line: re-releases refused (exit 5), the lifetime
-budget enforced (exit 4), concurrent runs never both spending, failed runs spending nothing,
-a corrupt ledger refused (exit 6), `explain-budget`, `ledger show`, the job summary.
+"""The release ledger (the default SQLite store) through the real command line: re-releases
+refused (exit 5), the lifetime budget enforced (exit 4), concurrent runs never both spending,
+failed runs spending nothing, a corrupt ledger refused (exit 6), `explain-budget`, `ledger show`,
+the job summary. The shared PostgreSQL store and the reservation's life are in
+tests/test_shared_ledger.py.
 
 Data is generated with numpy into tmp_path. Most tests drive `dprun.cli.main` in-process with
 CliRunner; the concurrency tests start real processes (`python -m dprun`). Runs use `--seed`
@@ -13,9 +15,11 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -26,8 +30,11 @@ import pytest
 from click.testing import Result
 from dprun_testing import everything, fresh_seed, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
-from dprun import api, ledger
+from dprun import api
 from dprun.errors import AlreadyReleased, BudgetRefused
+from dprun.ledger.entries import LedgerError
+from dprun.ledger.spend import decimal_text, exact
+from dprun.ledger.store import SqlLedger
 from dprun.report import file_fingerprint
 
 EPSILON = 0.3  # per release; the plan guarantees a hair less (its `total`)
@@ -53,7 +60,7 @@ def write_data(path: Path, seed: int, rows: int = 2000) -> None:
 
 
 def write_spec(folder: Path, *, name: str = "ledger-test", data: str = "visits.parquet", output: str = "out/q.csv",
-               report: str = "out/report.json", epsilon: float = EPSILON, ledger_path: str | None = "ledger.jsonl",
+               report: str = "out/report.json", epsilon: float = EPSILON, ledger_path: str | None = "ledger.db",
                lifetime: dict[str, float] | None = None, dataset: str | None = None,
                filename: str = "spec.yaml", delta: float = 0.0, noise: str = "auto") -> Path:
     budget: dict[str, Any] = {"epsilon": epsilon, "delta": delta}
@@ -88,11 +95,17 @@ def write_spec(folder: Path, *, name: str = "ledger-test", data: str = "visits.p
 
 
 def entries(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """Every entry of the ledger at `path`, abandoned ones included ([] if there is none)."""
+    return api.read_ledger(path) if path.exists() else []
 
 
-def snapshot(path: Path) -> bytes | None:
-    return path.read_bytes() if path.exists() else None
+def counted(path: Path) -> list[dict[str, Any]]:
+    """The entries whose spend counts."""
+    return [e for e in entries(path) if e["state"] != "abandoned"]
+
+
+def snapshot(path: Path) -> list[dict[str, Any]] | None:
+    return entries(path) if path.exists() else None
 
 
 def sha256(path: Path) -> str:
@@ -140,7 +153,7 @@ def test_a_second_identical_run_refuses_with_exit_5_and_spends_nothing(tmp_path:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
-    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file = tmp_path / "ledger.db"
     assert not ledger_file.exists()
 
     run_ok(spec, seed)
@@ -175,7 +188,7 @@ def test_new_release_spends_again_on_purpose(tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
     run_ok(spec, seed)
     run_ok(spec, seed + 1, "--new-release", "--overwrite")
-    first, second = entries(tmp_path / "ledger.jsonl")
+    first, second = entries(tmp_path / "ledger.db")
     assert (first["new_release"], second["new_release"]) == (False, True)
     assert first["spec_sha256"] == second["spec_sha256"] and first["dataset"] == second["dataset"]
     assert (first["release"], second["release"]) == (1, 2)
@@ -189,7 +202,7 @@ def test_the_entry_records_the_release(tmp_path: Path) -> None:
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
     run_ok(spec, seed)
-    [entry] = entries(tmp_path / "ledger.jsonl")
+    [entry] = entries(tmp_path / "ledger.db")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert entry["ledger_version"] == 1
     assert entry["spec_sha256"] == report["spec_sha256"] == sha256(spec)
@@ -216,7 +229,7 @@ def test_a_changed_spec_is_a_new_release(tmp_path: Path) -> None:
     run_ok(spec, seed)
     spec.write_text(spec.read_text().replace('"ledger-test"', '"ledger-test-2"'))
     run_ok(spec, seed, "--overwrite")
-    first, second = entries(tmp_path / "ledger.jsonl")
+    first, second = entries(tmp_path / "ledger.db")
     assert first["spec_sha256"] != second["spec_sha256"] and first["dataset"] == second["dataset"]
     assert second["new_release"] is False
 
@@ -229,7 +242,7 @@ def test_changed_data_is_a_new_release(tmp_path: Path, declared: str | None) -> 
     run_ok(spec, seed)
     write_data(tmp_path / "visits.parquet", seed + 1)
     run_ok(spec, seed, "--overwrite")
-    first, second = entries(tmp_path / "ledger.jsonl")
+    first, second = entries(tmp_path / "ledger.db")
     assert first["inputs"][0]["sha256"] != second["inputs"][0]["sha256"], f"seed={seed}"
     if declared:
         assert first["dataset"] == second["dataset"] == declared  # one dataset, one lifetime budget
@@ -259,7 +272,7 @@ def test_the_lifetime_budget_is_enforced_across_many_releases(tmp_path: Path) ->
     lifetime = {"epsilon": 1.0, "delta": 0.0}
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path, dataset="shop-visits", lifetime=lifetime)
-    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file = tmp_path / "ledger.db"
     cost = Fraction(repr(planned_total(spec)[0]))
     allowed = int(Fraction(1) // cost)
     assert allowed == 3, cost
@@ -275,9 +288,9 @@ def test_the_lifetime_budget_is_enforced_across_many_releases(tmp_path: Path) ->
     spent = allowed * cost
     for word in ("requested", "spent", "remaining", "lifetime", "shop-visits"):
         assert word in result.stderr, f"{word!r} not in {result.stderr}"
-    assert f"requested ε={ledger.decimal_text(cost)}" in result.stderr, result.stderr
-    assert f"spent ε={ledger.decimal_text(spent)}" in result.stderr, result.stderr
-    assert f"remaining ε={ledger.decimal_text(Fraction(1) - spent)}" in result.stderr, result.stderr
+    assert f"requested ε={decimal_text(cost)}" in result.stderr, result.stderr
+    assert f"spent ε={decimal_text(spent)}" in result.stderr, result.stderr
+    assert f"remaining ε={decimal_text(Fraction(1) - spent)}" in result.stderr, result.stderr
     assert snapshot(ledger_file) == before, "a refused run changed the ledger"
 
     answer = json.loads(run(spec, seed, "--overwrite", "--format", "json").stdout)
@@ -303,7 +316,7 @@ def test_delta_counts_against_the_lifetime_too(tmp_path: Path) -> None:
     result = run(spec, seed)
     assert result.exit_code == 4, everything(result)
     assert "remaining ε=100, δ=0" in result.stderr, result.stderr
-    assert not (tmp_path / "out").exists() and not (tmp_path / "ledger.jsonl").exists()
+    assert not (tmp_path / "out").exists() and entries(tmp_path / "ledger.db") == []
 
 
 def test_spends_add_up_exactly_without_float_drift(tmp_path: Path) -> None:
@@ -312,7 +325,9 @@ def test_spends_add_up_exactly_without_float_drift(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, dataset="d", lifetime={"epsilon": 1.0})
     template = {"ledger_version": 1, "time": "2024-01-01T00:00:00+00:00", "dataset": "d", "spec_sha256": "0" * 64,
                 "inputs": [], "epsilon": "0.1", "delta": "0", "accounting": "basic", "outputs": []}
-    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps({**template, "release": k}) + "\n" for k in range(10)))
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps({**template, "release": k}) + "\n" for k in range(1, 11)))
+    assert invoke_clean("ledger", "import", str(old), str(tmp_path / "ledger.db")).exit_code == 0
     assert sum([0.1] * 10) != 1.0  # what a float sum would have claimed
     result = invoke_clean("explain-budget", str(spec), "--format", "json")
     assert result.exit_code == 0, everything(result)
@@ -326,8 +341,8 @@ def test_spends_add_up_exactly_without_float_drift(tmp_path: Path) -> None:
     (0.1, "0.1"), (1e-6, "0.000001"), (1e-7, "1E-7"), (0.29999999999972715, "0.29999999999972715"), (3.0, "3"),
 ])
 def test_exact_decimal_round_trip(value: float, text: str) -> None:
-    assert ledger.decimal_text(ledger.exact(value)) == text
-    assert ledger.exact(text) == ledger.exact(value) == Fraction(repr(value))
+    assert decimal_text(exact(value)) == text
+    assert exact(text) == exact(value) == Fraction(repr(value))
     assert float(text) == value
 
 
@@ -360,7 +375,7 @@ def test_a_failed_run_spends_nothing(tmp_path: Path) -> None:
     write_data(tmp_path / "visits.parquet", seed)
     good = write_spec(tmp_path, dataset="shop-visits")
     run_ok(good, seed)
-    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file = tmp_path / "ledger.db"
     before = snapshot(ledger_file)
 
     write_csv_with_a_late_bad_value(tmp_path / "late.csv", seed)
@@ -368,7 +383,8 @@ def test_a_failed_run_spends_nothing(tmp_path: Path) -> None:
                      dataset="shop-visits", filename="bad.yaml")
     result = run(bad, seed)
     assert result.exit_code == 3, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
-    assert snapshot(ledger_file) == before, f"seed={seed}: a failed run changed the ledger"
+    assert counted(ledger_file) == before, f"seed={seed}: a failed run spent"
+    assert entries(ledger_file)[-1]["state"] == "abandoned", "the failed run's reservation was not abandoned"
     assert not (tmp_path / "out" / "bad.csv").exists()
 
     (tmp_path / "blocked").write_text("a file where a folder should be")
@@ -376,56 +392,84 @@ def test_a_failed_run_spends_nothing(tmp_path: Path) -> None:
                             filename="unwritable.yaml")
     result = run(unwritable, seed)
     assert result.exit_code == 6, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
-    assert snapshot(ledger_file) == before, f"seed={seed}: a failed run changed the ledger"
+    assert counted(ledger_file) == before, f"seed={seed}: a failed run spent"
 
-    # The lock was released: the next good release goes through.
+    # The next good release goes through, and the bad spec, mended, is not "already released".
     run_ok(write_spec(tmp_path, name="next", output="out/next.csv", report="out/next.json", filename="next.yaml"), seed)
-    assert len(entries(ledger_file)) == 2
+    assert [e["state"] for e in entries(ledger_file)] == ["published", "abandoned", "abandoned", "published"]
+    write_data(tmp_path / "late.csv", seed)
+    run_ok(bad, seed)
 
 
-def test_a_failure_on_a_fresh_ledger_creates_no_ledger(tmp_path: Path) -> None:
+def test_a_failure_on_a_fresh_ledger_spends_nothing(tmp_path: Path) -> None:
     seed = fresh_seed(6)
     write_csv_with_a_late_bad_value(tmp_path / "late.csv", seed)
     spec = write_spec(tmp_path, data="late.csv")
     assert run(spec, seed).exit_code == 3
-    assert not (tmp_path / "ledger.jsonl").exists()
+    assert [e["state"] for e in entries(tmp_path / "ledger.db")] == ["abandoned"]
+    status = api.ledger_status(spec)
+    assert status is not None and status.releases == 0 and status.spent.epsilon == 0
 
 
 # --- a corrupt or missing ledger -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("garbage", "says"), [
-    ("{not json\n", "line 2 is not valid JSON"),
-    ('{"ledger_version": 1, "time": "t", "dataset": "d"}\n', "line 2 has no valid `spec_sha256`"),
-    ('{"ledger_version": 1, "time": "t", "dataset": "d", "spec_sha256": "' + "a" * 64
-     + '", "accounting": "basic", "epsilon": 0.5, "delta": "0", "inputs": [], "outputs": []}\n',
-     "line 2 has no valid `epsilon`"),
-    ('{"ledger_version": 9}\n', "newer dprun"),
-])
-def test_a_corrupt_ledger_exits_6_and_publishes_nothing(tmp_path: Path, garbage: str, says: str) -> None:
+def corrupt_row(column: str, value: str) -> Callable[[Path], None]:
+    def damage(ledger_file: Path) -> None:
+        with sqlite3.connect(ledger_file) as connection:
+            connection.execute(f"UPDATE dprun_releases SET {column} = ? WHERE release = 1", (value,))
+        connection.close()
+    return damage
+
+
+def replace_file(content: bytes) -> Callable[[Path], None]:
+    return lambda ledger_file: ledger_file.write_bytes(content)
+
+
+def newer_schema(ledger_file: Path) -> None:
+    with sqlite3.connect(ledger_file) as connection:
+        connection.execute("UPDATE dprun_ledger SET schema_version = 9")
+    connection.close()
+
+
+def truncated(ledger_file: Path) -> None:
+    data = ledger_file.read_bytes()
+    ledger_file.write_bytes(data[:100] + bytes(len(data) - 100))
+
+
+@pytest.mark.parametrize(("damage", "says"), [
+    (corrupt_row("entry", "{not json"), "release 1 is not valid JSON"),
+    (corrupt_row("entry", '{"ledger_version": 1, "time": "t", "dataset": "d"}'), "release 1 has no valid `spec_sha256`"),
+    (newer_schema, "newer dprun"),
+    (truncated, "corrupt"),
+    (replace_file(b"not a database at all, but long enough to have a header" * 20), "not an SQLite database"),
+    (replace_file(b'{"ledger_version": 1}\n'), "dprun ledger import"),
+], ids=["entry not JSON", "entry lacks fields", "newer schema", "zeroed pages", "not SQLite",
+        "a JSON-lines ledger"])
+def test_a_corrupt_ledger_exits_6_and_publishes_nothing(tmp_path: Path, damage: Callable[[Path], None],
+                                                        says: str) -> None:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
     run_ok(spec, seed)
-    ledger_file = tmp_path / "ledger.jsonl"
-    with ledger_file.open("a") as handle:
-        handle.write(garbage)
-    before = snapshot(ledger_file)
+    ledger_file = tmp_path / "ledger.db"
+    damage(ledger_file)
+    before = ledger_file.read_bytes()
     other = write_spec(tmp_path, name="other", output="out/other.csv", report="out/other.json", filename="o.yaml")
     commands = (("run", str(other), "--seed", "1"), ("explain-budget", str(other)),
-                ("ledger", "show", str(ledger_file)))
+                ("ledger", "show", str(ledger_file)), ("ledger", "export", str(ledger_file)))
     for args in commands:
         result = invoke_clean(*args)
         assert result.exit_code == 6, f"{args}: exit {result.exit_code}: {everything(result)}"
-        assert "corrupt" in result.stderr and says in result.stderr, f"{args}: {result.stderr}"
+        assert says in result.stderr, f"{args}: {result.stderr}"
     assert not (tmp_path / "out" / "other.csv").exists()
-    assert snapshot(ledger_file) == before
+    assert ledger_file.read_bytes() == before
 
 
 def test_the_ledger_folder_must_exist(tmp_path: Path) -> None:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
-    spec = write_spec(tmp_path, ledger_path="no-such-folder/ledger.jsonl")
+    spec = write_spec(tmp_path, ledger_path="no-such-folder/ledger.db")
     result = run(spec, seed)
     assert result.exit_code == 6, everything(result)
     assert "no-such-folder" in result.stderr and "does not exist" in result.stderr
@@ -439,19 +483,19 @@ def test_ledger_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     seed = fresh_seed(6)
     (tmp_path / "specs").mkdir()
     write_data(tmp_path / "specs" / "visits.parquet", seed)
-    spec = write_spec(tmp_path / "specs", ledger_path="spec-ledger.jsonl")
+    spec = write_spec(tmp_path / "specs", ledger_path="spec-ledger.db")
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
 
     run_ok(spec, seed)  # the spec's ledger, relative to the spec's folder
-    assert len(entries(tmp_path / "specs" / "spec-ledger.jsonl")) == 1
-    monkeypatch.setenv("DPRUN_LEDGER", "env-ledger.jsonl")  # relative to the working folder
+    assert len(entries(tmp_path / "specs" / "spec-ledger.db")) == 1
+    monkeypatch.setenv("DPRUN_LEDGER", "env-ledger.db")  # relative to the working folder
     run_ok(spec, seed, "--overwrite")
-    assert len(entries(elsewhere / "env-ledger.jsonl")) == 1
-    run_ok(spec, seed, "--overwrite", "--ledger", str(tmp_path / "flag-ledger.jsonl"))
-    assert len(entries(tmp_path / "flag-ledger.jsonl")) == 1
-    assert len(entries(tmp_path / "specs" / "spec-ledger.jsonl")) == 1
+    assert len(entries(elsewhere / "env-ledger.db")) == 1
+    run_ok(spec, seed, "--overwrite", "--ledger", str(tmp_path / "flag-ledger.db"))
+    assert len(entries(tmp_path / "flag-ledger.db")) == 1
+    assert len(entries(tmp_path / "specs" / "spec-ledger.db")) == 1
     assert run(spec, seed, "--overwrite").exit_code == 5  # the env ledger knows it now
 
 
@@ -462,7 +506,7 @@ def test_without_a_ledger_nothing_is_recorded_or_refused(tmp_path: Path) -> None
     first = run_ok(spec, seed)
     assert "no ledger configured" in first.stdout
     run_ok(spec, seed, "--overwrite")
-    assert not list(tmp_path.glob("*.jsonl"))
+    assert not list(tmp_path.glob("*.db"))
 
 
 # --- concurrency ---------------------------------------------------------------------------
@@ -477,9 +521,9 @@ def test_concurrent_runs_of_one_spec_release_exactly_once(tmp_path: Path) -> Non
     codes = sorted(code for code, _ in results)
     assert codes == [0, 5, 5, 5], f"seed={seed}: {results}"
     for code, text in results:
-        if code == 5:
-            assert "already released" in text, text
-    [entry] = entries(tmp_path / "ledger.jsonl")
+        if code == 5:  # refused while the first runs, or after it published
+            assert "already released" in text or "already being released" in text, text
+    [entry] = entries(tmp_path / "ledger.db")
     assert entry["outputs"][0]["sha256"] == sha256(tmp_path / "out" / "q.csv"), "the outputs are not the recorded ones"
 
 
@@ -495,27 +539,33 @@ def test_concurrent_runs_never_exceed_the_lifetime(tmp_path: Path) -> None:
     results = [finish(p) for p in [start(spec, seed) for spec in specs]]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 0, 4, 4], f"seed={seed}: {results}"
-    recorded = entries(tmp_path / "ledger.jsonl")
+    recorded = entries(tmp_path / "ledger.db")
     assert len(recorded) == 2 and sum(Fraction(e["epsilon"]) for e in recorded) <= Fraction(repr(lifetime["epsilon"]))
     assert [e["release"] for e in recorded] == [1, 2]
     published = sorted(p.name for p in (tmp_path / "out").glob("q*.csv"))
     assert len(published) == 2, published
 
 
-def test_a_run_waits_for_the_ledger_lock(tmp_path: Path) -> None:
+def test_a_run_waits_while_another_holds_the_ledger(tmp_path: Path) -> None:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
-    ledger_file = tmp_path / "ledger.jsonl"
-    with ledger.locked(ledger_file):
+    ledger_file = tmp_path / "ledger.db"
+    run_ok(write_spec(tmp_path, name="first", output="out/first.csv", report="out/first.json",
+                      filename="first.yaml"), seed)
+    holder = sqlite3.connect(ledger_file, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # what a run's reservation holds, for a moment
         process = start(spec, seed)
         time.sleep(4)
-        assert process.poll() is None, f"the run did not wait for the lock: {process.communicate()}"
-        assert not (tmp_path / "out").exists() and not ledger_file.exists()
+        assert process.poll() is None, f"the run did not wait for the ledger: {process.communicate()}"
+        assert not (tmp_path / "out" / "q.csv").exists()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
     code, text = finish(process)
     assert code == 0, text
-    assert "waiting for the ledger lock" in text
-    assert len(entries(ledger_file)) == 1
+    assert len(entries(ledger_file)) == 2
 
 
 # --- explain-budget, ledger show, the job summary, the API ---------------------------------
@@ -539,7 +589,7 @@ def test_explain_budget_shows_the_spend_beside_the_cost(tmp_path: Path) -> None:
     assert status["already_released"]["release"] == 1
 
     text = invoke_clean("explain-budget", str(spec)).stdout
-    assert f"dataset shop-visits: spent ε={ledger.decimal_text(cost)}" in text, text
+    assert f"dataset shop-visits: spent ε={decimal_text(cost)}" in text, text
     assert "remaining" in text and "will refuse it (exit 5)" in text, text
     markdown = invoke_clean("explain-budget", str(spec), "--format", "markdown").stdout
     assert "## Ledger" in markdown and "shop-visits" in markdown
@@ -552,7 +602,7 @@ def test_ledger_show_lists_the_releases(tmp_path: Path, monkeypatch: pytest.Monk
     run_ok(spec, seed)
     other = write_spec(tmp_path, name="other", output="out/o.csv", report="out/o.json", dataset="b", filename="o.yaml")
     run_ok(other, seed)
-    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file = tmp_path / "ledger.db"
 
     text = invoke_clean("ledger", "show", str(ledger_file))
     assert text.exit_code == 0, everything(text)
@@ -570,7 +620,7 @@ def test_ledger_show_lists_the_releases(tmp_path: Path, monkeypatch: pytest.Monk
     assert invoke_clean("ledger", "show").exit_code == 0
     monkeypatch.delenv("DPRUN_LEDGER")
     assert invoke_clean("ledger", "show").exit_code == 2
-    missing = invoke_clean("ledger", "show", str(tmp_path / "nope.jsonl"))
+    missing = invoke_clean("ledger", "show", str(tmp_path / "nope.db"))
     assert missing.exit_code == 6 and "no ledger" in missing.stderr
 
 
@@ -594,7 +644,7 @@ def test_the_python_api(tmp_path: Path) -> None:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path, ledger_path=None, dataset="api", lifetime={"epsilon": 0.5})
-    ledger_file = tmp_path / "api-ledger.jsonl"
+    ledger_file = tmp_path / "api-ledger.db"
     result = api.run(spec, seed=seed, ledger=ledger_file)
     assert result.ledger_entry is not None and result.ledger_entry["dataset"] == "api"
     assert result.ledger_status is not None and result.ledger_status.releases == 1
@@ -628,23 +678,26 @@ def test_a_signal_while_committing_still_records_the_release(tmp_path: Path, mon
     monkeypatch.setattr(publish.Staging, "commit", interrupted_commit)
     result = run(spec, seed)
     assert result.exit_code == 0, everything(result)
-    [entry] = entries(tmp_path / "ledger.jsonl")
+    [entry] = entries(tmp_path / "ledger.db")
     assert entry["outputs"][0]["sha256"] == sha256(tmp_path / "out" / "q.csv")
 
 
-def test_a_release_that_cannot_be_recorded_says_so_and_prints_the_entry(
+def test_a_release_that_cannot_be_marked_published_stays_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seed = fresh_seed(6)
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
 
-    def full_disk(self: ledger.Ledger, entry: dict[str, Any]) -> dict[str, Any]:
-        raise ledger.LedgerError(f"cannot write the ledger {self.path}: No space left on device")
+    def full_disk(self: SqlLedger, entry: dict[str, Any]) -> dict[str, Any]:
+        raise LedgerError(f"cannot read or write the ledger {self.shown}: database or disk is full")
 
-    monkeypatch.setattr(ledger.Ledger, "append", full_disk)
+    monkeypatch.setattr(SqlLedger, "publish", full_disk)
     result = run(spec, seed)
     assert result.exit_code == 6, everything(result)
-    assert "WAS published" in result.stderr and "No space left" in result.stderr
-    printed = json.loads(result.stderr.split("by hand before any other release: ", 1)[1])
-    assert printed["outputs"][0]["sha256"] == sha256(tmp_path / "out" / "q.csv")
-    assert not (tmp_path / "ledger.jsonl").exists()
+    assert "WAS published" in result.stderr and "disk is full" in result.stderr, result.stderr
+    assert "stays pending" in result.stderr, result.stderr
+    assert (tmp_path / "out" / "q.csv").exists()
+    [entry] = entries(tmp_path / "ledger.db")
+    assert entry["state"] == "pending", "a published release's reservation was abandoned"
+    monkeypatch.undo()
+    assert run(spec, seed, "--overwrite").exit_code == 5, "the pending release does not count"

@@ -90,7 +90,7 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     assert ran.exit_code == 0, ran.output
     released = pl.read_parquet(tmp_path / "out" / "visits.parquet")
     assert released.columns == ["rows", "people", "spend_sum"] and released.height == 1
-    assert len(api.read_ledger(tmp_path / "dprun-ledger.jsonl")) == 1  # the scaffold names a ledger
+    assert len(api.read_ledger(tmp_path / "dprun-ledger.db")) == 1  # the scaffold names a ledger
     assert invoke_clean("run", "spec.yaml", "--seed", str(seed)).exit_code == 5
 
 

@@ -268,7 +268,9 @@ class Spec(Strict):
     queries: list[Query] = Field(min_length=1)
     report: PathText = Field(default="report.json", description="The accounting report; Markdown is written beside it.")
     dataset: str | None = Field(default=None, description="A stable id of the dataset, for the ledger.")
-    ledger: PathText | None = Field(default=None, description="Release ledger (JSON lines) to record and check releases.")
+    ledger: PathText | None = Field(default=None, description=(
+        "Release ledger that records and checks releases: a file (an SQLite database, relative to the spec) "
+        "or a postgresql:// URL without a password."))
 
     @field_validator("version", mode="before")
     @classmethod

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from dprun.ledger.location import companion_files, has_password, is_database_url
 from dprun.spec.models import PublicColumn, Query, Scalar, Spec
 from dprun.spec.yaml_loader import FieldPath
 
@@ -54,7 +55,7 @@ def _named_paths(spec: Spec) -> Iterator[tuple[FieldPath, str]]:
             yield ("queries", index, "partitions", *field), path
         yield ("queries", index, "output", "path"), query.output.path
     yield ("report",), spec.report
-    if spec.ledger is not None:
+    if spec.ledger is not None and not is_database_url(spec.ledger):
         yield ("ledger",), spec.ledger
 
 
@@ -197,16 +198,22 @@ def _cross_product_findings(public: dict[str, list[Scalar] | PublicColumn], grou
 
 
 def _ledger_apart(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
-    """The ledger (and its lock beside it) is neither a file the spec reads nor one it publishes."""
+    """A ledger file (and the journal beside it) is neither a file the spec reads nor one it
+    publishes; a database URL in the spec, a file people commit, holds no password."""
     if spec.ledger is None:
+        return
+    if is_database_url(spec.ledger):
+        if has_password(spec.ledger):
+            yield ("ledger",), ("the ledger URL holds a password: keep it out of the spec (set PGPASSWORD, or use "
+                                "~/.pgpass or a service file; docs/ledger.md)")
         return
     ledger = (base_dir / spec.ledger).resolve()
     if not ledger.name or ledger.is_dir():
-        yield ("ledger",), "the ledger path is a folder: give the path of a file (e.g. ledger.jsonl)"
+        yield ("ledger",), "the ledger path is a folder: give the path of a file (e.g. ledger.db)"
         return
-    if not {ledger, ledger.with_name(ledger.name + ".lock")}.isdisjoint(published_and_read(spec, base_dir, spec_path)):
-        yield ("ledger",), ("the ledger (or the .lock file beside it) is a file this spec reads or publishes "
-                            "(an input, a public key file, the spec, an output or the report)")
+    if not companion_files(ledger).isdisjoint(published_and_read(spec, base_dir, spec_path)):
+        yield ("ledger",), ("the ledger (or the journal SQLite keeps beside it) is a file this spec reads or "
+                            "publishes (an input, a public key file, the spec, an output or the report)")
 
 
 def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:

@@ -1,0 +1,99 @@
+"""Fixtures shared by the test folders: a real PostgreSQL server for the shared ledger's tests.
+
+The server is Debian's `postgresql` (`.ci/run` installs it): `initdb` in a temporary
+folder, started on a free loopback port with password authentication, stopped when the
+session ends. Where the server binaries or psycopg are missing, the tests that need it are
+skipped with the reason. PostgreSQL refuses to run as root, so as root it runs as the
+`postgres` user the package creates.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+POSTGRES_USER = "dprun"
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    host: str
+    port: int
+    password: str  # of POSTGRES_USER; tests pass it as PGPASSWORD, libpq's convention
+
+    def url(self, database: str = "postgres") -> str:
+        """A URL without the password."""
+        return f"postgresql://{POSTGRES_USER}@{self.host}:{self.port}/{database}"
+
+
+def _server_binaries() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    return Path(candidates[-1]).parent if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    binaries = _server_binaries()
+    if binaries is None:
+        pytest.skip("no PostgreSQL server here (Debian package `postgresql`; .ci/run installs it)")
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            pytest.skip("PostgreSQL will not run as root, and runuser is missing")
+        as_user = ["runuser", "-u", "postgres", "--"]
+        # pytest's own temporary folders are root's alone: the server's must be the postgres user's.
+        folder = Path(tempfile.mkdtemp(prefix="dprun-postgres-"))
+        shutil.chown(folder, "postgres")
+    else:
+        folder = tmp_path_factory.mktemp("postgres")
+    password = secrets.token_hex(12)
+    password_file = folder / "password"
+    password_file.write_text(password + "\n")
+    if as_user:
+        shutil.chown(password_file, "postgres")
+    data = folder / "data"
+    subprocess.run([*as_user, str(binaries / "initdb"), "-D", str(data), "-U", POSTGRES_USER, "--no-sync",
+                    "--auth-host=scram-sha-256", "--auth-local=trust", f"--pwfile={password_file}"],
+                   check=True, capture_output=True)
+    port = _free_port()
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+    subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "log"), "-o", options,
+                    "-w", "start"], check=True, capture_output=True)
+    try:
+        yield PostgresServer("127.0.0.1", port, password)
+    finally:
+        subprocess.run([*as_user, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], check=False,
+                       capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_ledger(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The URL of a new, empty database on the server, with PGPASSWORD set for the test."""
+    import psycopg
+
+    monkeypatch.setenv("PGPASSWORD", postgres_server.password)
+    database = f"ledger_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {database}")
+    return postgres_server.url(database)
