@@ -149,13 +149,13 @@ def run(
     try:
         tables = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress, checkpoint,
                           reserved)
-        report, entry = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
-                                 on_published, published)
+        report, recorded = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
+                                    on_published, published)
     except BaseException:
         if reserved is not None and not published:
             reserved.abandon()
         raise
-    after = None if reserved is None else reserved.book.status(reserved.release)
+    entry, after = recorded if recorded is not None else (None, None)
     return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
 
 
@@ -234,8 +234,10 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,
              release_id: str, reserved: _Reserved | None, checkpoint: Callable[[], None] | None,
-             on_published: Callable[[], None] | None, published: list[bool]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Stage every output and the reports, commit them at once, then mark the reservation published.
+             on_published: Callable[[], None] | None,
+             published: list[bool]) -> tuple[dict[str, Any], tuple[dict[str, Any], ledger_entries.Status] | None]:
+    """Stage every output and the reports, commit them at once, then mark the reservation published;
+    returns the report, and the entry as marked with the dataset's status after it (None without a ledger).
 
     `published` gets True appended the moment the outputs are committed: from then on the
     release exists, and its reservation must never be abandoned.
@@ -245,7 +247,7 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
 
     report_md = the_plan.report_path.with_suffix(".md")
     digests: dict[Path, str] = {}
-    entry: dict[str, Any] | None = None
+    recorded = None
     with staged(store_of(the_plan.report_path), release_id) as staging:
         for query in the_plan.queries:
             staging.write(query.output_path, _hashed(_table_writer(tables[query.name], query, release_id),
@@ -265,10 +267,10 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
             staging.commit()
             published.append(True)
             if reserved is not None:
-                entry = _record(reserved, the_plan, report_md, digests)
+                recorded = _record(reserved, the_plan, report_md, digests)
             if on_published is not None:
                 on_published()
-    return report, entry
+    return report, recorded
 
 
 def ledger_status(spec: str | Path | ValidatedSpec,
@@ -375,7 +377,8 @@ def _require_ledger_apart(validated: ValidatedSpec, location: ledger_location.Lo
         "(an input, a public key file, the spec, an output or the report)"))])
 
 
-def _record(reserved: _Reserved, the_plan: Plan, report_md: Path, digests: dict[Path, str]) -> dict[str, Any]:
+def _record(reserved: _Reserved, the_plan: Plan, report_md: Path,
+            digests: dict[Path, str]) -> tuple[dict[str, Any], ledger_entries.Status]:
     """Mark the reservation published, with every file's sha256. The outputs are committed already."""
     entry = {
         **reserved.entry,
@@ -386,7 +389,7 @@ def _record(reserved: _Reserved, the_plan: Plan, report_md: Path, digests: dict[
         "report_markdown": {"path": str(report_md), "sha256": digests[report_md]},
     }
     try:
-        return reserved.book.publish(entry)
+        return reserved.book.publish(reserved.release, entry)
     except ledger_entries.LedgerError as error:
         raise ledger_entries.LedgerError(
             f"the release WAS published, but the ledger could not mark it so: {error.message}. Its reservation "

@@ -32,7 +32,7 @@ from dprun_testing import everything, fresh_seed, invoke_clean, no_ambient_ledge
 
 from dprun import api
 from dprun.errors import AlreadyReleased, BudgetRefused
-from dprun.ledger.entries import LedgerError
+from dprun.ledger.entries import LedgerError, Release
 from dprun.ledger.spend import decimal_text, exact
 from dprun.ledger.store import SqlLedger
 from dprun.report import file_fingerprint
@@ -688,7 +688,7 @@ def test_a_release_that_cannot_be_marked_published_stays_counted(
     write_data(tmp_path / "visits.parquet", seed)
     spec = write_spec(tmp_path)
 
-    def full_disk(self: SqlLedger, entry: dict[str, Any]) -> dict[str, Any]:
+    def full_disk(self: SqlLedger, release: Release, entry: dict[str, Any]) -> Any:
         raise LedgerError(f"cannot read or write the ledger {self.shown}: database or disk is full")
 
     monkeypatch.setattr(SqlLedger, "publish", full_disk)

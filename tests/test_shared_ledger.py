@@ -196,7 +196,7 @@ def test_a_killed_runner_s_reservation_stays_spent_until_an_operator_abandons_it
 
 
 def test_a_published_release_cannot_be_abandoned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dprun.ledger.entries import LedgerError
+    from dprun.ledger.entries import LedgerError, Release
     from dprun.ledger.store import SqlLedger
 
     seed = fresh_seed(6)
@@ -204,7 +204,7 @@ def test_a_published_release_cannot_be_abandoned(tmp_path: Path, monkeypatch: py
     ledger = str(tmp_path / "ledger.db")
     spec = write_spec(tmp_path, "lost-mark", "d", lifetime=None, ledger="ledger.db")
 
-    def unreachable(self: SqlLedger, entry: dict[str, Any]) -> dict[str, Any]:
+    def unreachable(self: SqlLedger, release: Release, entry: dict[str, Any]) -> Any:
         raise LedgerError("the ledger database went away")
 
     monkeypatch.setattr(SqlLedger, "publish", unreachable)

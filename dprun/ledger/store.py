@@ -131,23 +131,24 @@ class SqlLedger(ABC):
 
         return self._run(work, write=True)
 
-    def publish(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Mark a reserved entry published, storing `entry` (its files hashed) in its place.
+    def publish(self, release: Release, entry: dict[str, Any]) -> tuple[dict[str, Any], Status]:
+        """Mark a reserved entry published, storing `entry` (its files hashed) in its place;
+        returns it as stored, and the release's status with it, read in the same transaction.
 
         Published whatever state it is in: the release exists, so its spend counts, even if
         an operator abandoned the entry while the run went on.
         """
         stored = {**entry, "state": PUBLISHED}
 
-        def work(cursor: Cursor | None) -> None:
+        def work(cursor: Cursor | None) -> Status:
             assert cursor is not None
             cursor.execute("UPDATE dprun_releases SET state = ?, entry = ? WHERE release = ?",
                            (PUBLISHED, _entry_text(stored), stored["release"]))
             if cursor.rowcount != 1:
                 raise LedgerError(f"release {stored['release']} is no longer in the ledger {self.shown}")
+            return status(self.shown, self._select(cursor, release.dataset), release)
 
-        self._run(work, write=True)
-        return stored
+        return stored, self._run(work, write=True)
 
     def abandon(self, number: int) -> dict[str, Any]:
         """Mark pending release `number` abandoned: its spend no longer counts. Refused for any other state."""
