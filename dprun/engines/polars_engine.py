@@ -10,7 +10,8 @@ The steps are seed 003's computation graph in Plume's order (seed 004):
    independently of every other unit's data;
 4. partition selection (private partitions), then, with a separate selection, Plume's
    second bounding: step 3 again on the partials of the selected partitions only;
-5. per-partition sums, noise from the plan, post-processing (`dprun.postprocess`).
+5. per-partition sums, then the engine-neutral release (`dprun.engines.release_steps`):
+   noise from the plan, post-processing (`dprun.postprocess`).
 
 Per-partition bounding (step 2) scales a unit's partial sums by min(rows, m) / rows
 instead of sampling m rows: the result is the expected value of sampling m rows
@@ -45,14 +46,19 @@ from dprun.engines.polars_steps import (
     scaled_partial,
     sink,
 )
+from dprun.engines.release_steps import (
+    chosen_partitions,
+    partition_keys,
+    public_keys,
+    release_table,
+    tree_shape,
+    with_all_keys,
+)
 from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
-from dprun.mechanisms import selection
-from dprun.mechanisms.noise import add_noise
-from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles, unit_weight_expr
+from dprun.mechanisms.quantile_tree import answer_quantiles, unit_weight_expr
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo, scan, with_derived
 from dprun.spec.row_expressions import row_filter
 
@@ -70,32 +76,24 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
 
     `workdir` is a private temporary folder for intermediate files (the caller removes it).
     """
-    keys = list(plan.group_by) or [GLOBAL_KEY]
+    keys = partition_keys(plan)
     seed = source.hash_seeds()[0]
     bounding = _bounding(plan, info, keys, seed, workdir)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        # Sorted so that random draws are assigned in the same order whatever the sharding.
-        unit_counts = bounding.unit_counts().sort(keys, nulls_last=True)
-        keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
-        chosen = unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+        chosen = chosen_partitions(plan, bounding.unit_counts(), source)
         bounding.restrict(chosen, rebound=plan.selection.second_bounding)
-        sums = _with_all_keys(bounding.partition_sums(), chosen, plan)
+        sums = with_all_keys(bounding.partition_sums(), chosen, plan)
     elif mode == "private":
         sums = bounding.partition_sums()
     else:
-        sums = _with_all_keys(bounding.partition_sums(), _public_keys(plan, keys), plan)
-    # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
-    sums = sums.sort(keys, nulls_last=True)
-    noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
-             for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
-    # Only the hash path runs quantile trees (`packable` sends them there).
-    answers = bounding.quantiles(sums.select(keys), source) if isinstance(bounding, HashBounding) else {}
-    released = np.ones(sums.height, dtype=bool)
-    if mode == "private" and plan.selection.mechanism == "released_count":
-        released = _released_count_keep(plan, sums, noisy)
-    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(pl.Series(released, dtype=pl.Boolean))
-    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+        sums = with_all_keys(bounding.partition_sums(), public_keys(plan), plan)
+
+    def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
+        # Only the hash path runs quantile trees (`packable` sends them there).
+        return bounding.quantiles(partitions, source) if isinstance(bounding, HashBounding) else {}
+
+    return release_table(plan, sums, source, quantiles)
 
 
 def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> Bounding:
@@ -205,15 +203,10 @@ def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: 
 def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
     """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
-    leaves = rows.select(*pair, _shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
+    leaves = rows.select(*pair, tree_shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
     per_pair = leaves.group_by(pair).agg(pl.len().cast(pl.Int64).alias(PRESENT))
     weight = unit_weight_expr(pl.col(PRESENT), plan.max_rows)
     return leaves.join(per_pair, on=pair, nulls_equal=True).select(*pair, LEAF, weight.alias(WEIGHT))
-
-
-def _shape(quantity: Quantity) -> TreeShape:
-    assert quantity.lower is not None and quantity.upper is not None
-    return TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
 
 
 def _quantiles(
@@ -238,7 +231,7 @@ def _quantiles(
         table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
             pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
     levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    answers = answer_quantiles(table, partitions.height, _shape(quantity), levels, noisy.noise, source)
+    answers = answer_quantiles(table, partitions.height, tree_shape(quantity), levels, noisy.noise, source)
     return {level: answers[:, index] for index, level in enumerate(levels)}
 
 
@@ -329,24 +322,3 @@ def _partition_sums(
     schema = {**_key_schema(partials, keys), UNITS: pl.Int64}
     schema |= {q.quantity.id: pl.Int128 for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
     return pl.DataFrame(schema=schema)
-
-
-def _public_keys(plan: QueryPlan, keys: list[str]) -> pl.DataFrame:
-    if plan.public_keys is not None:
-        return plan.public_keys
-    return pl.DataFrame({GLOBAL_KEY: [0]}, schema={GLOBAL_KEY: pl.Int8})
-
-
-def _with_all_keys(sums: pl.DataFrame, all_keys: pl.DataFrame, plan: QueryPlan) -> pl.DataFrame:
-    """Every listed key, with zero sums where no bounded data fell into it (empty partitions get noise too)."""
-    joined = all_keys.join(sums, on=all_keys.columns, how="left", nulls_equal=True)
-    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities if q.quantity.aggregate != "quantile_tree")]
-    return joined.with_columns(pl.col(c).fill_null(0) for c in value_columns)
-
-
-def _released_count_keep(plan: QueryPlan, sums: pl.DataFrame, noisy: dict[str, np.ndarray]) -> np.ndarray:
-    """Keep partitions with at least min_privacy_units units whose released count reaches the plan's threshold."""
-    select = plan.selection
-    assert select.threshold_quantity is not None and select.threshold is not None
-    enough_units = sums[UNITS].to_numpy() >= select.min_privacy_units
-    return enough_units & (noisy[select.threshold_quantity] >= select.threshold)

@@ -14,8 +14,9 @@ The steps, their column semantics and their integer arithmetic are those of
 4. private partitions: the per-partition unit counts are collected to the driver, sorted by
    keys and passed to `dprun.mechanisms.selection.select_partitions`, exactly as the Polars
    engine does; then Plume's second bounding (step 3 on the selected partitions only);
-5. per-partition exact integer sums are collected to the driver, sorted by keys, and noised
-   by `dprun.mechanisms.noise.add_noise`; metrics by `dprun.postprocess.metric_columns`;
+5. per-partition exact integer sums are collected to the driver and released by the same
+   engine-neutral steps as the Polars engine's (`dprun.engines.release_steps`): noise by
+   `dprun.mechanisms.noise.add_noise`, metrics by `dprun.postprocess.metric_columns`;
    quantiles by `dprun.mechanisms.quantile_tree.answer_quantiles` from per-(partition, leaf)
    weights summed on the executors.
 
@@ -48,21 +49,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from dprun.engines.polars_engine import (
-    _public_keys,
-    _released_count_keep,
-    _shape,
-    _with_all_keys,
-)
 from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT
+from dprun.engines.release_steps import (
+    chosen_partitions,
+    partition_keys,
+    public_keys,
+    release_table,
+    tree_shape,
+    with_all_keys,
+)
 from dprun.errors import DataError, DprunError, ExitCode
-from dprun.mechanisms import selection
-from dprun.mechanisms.noise import add_noise
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS, answer_quantiles
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.postprocess import metric_columns
 from dprun.spec.input_schema import InputInfo
 from dprun.spec.row_expressions import row_filter
 
@@ -242,27 +242,21 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
     whenever every unit stays within L0 partitions (the engines' keyed hashes differ, so
     which L0 partitions a heavier unit keeps differs; both choices are uniform).
     """
-    keys = list(plan.group_by) or [GLOBAL_KEY]
+    keys = partition_keys(plan)
     seed = source.hash_seeds()[0]
     with _spark_errors():
         rows = _rows(spark, plan, info, keys)
         partials = _partials(rows, plan, keys).persist(_storage_level())
         try:
             sums, bounded = _bounded_sums(spark, plan, info, partials, keys, seed, source)
-            # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
-            sums = sums.sort(keys, nulls_last=True)
-            noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
-                     for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
-            answers = {q.quantity.id: _quantiles(q, plan, rows, bounded, sums.select(keys), keys, source)
-                       for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
+
+            def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
+                return {q.quantity.id: _quantiles(q, plan, rows, bounded, partitions, keys, source)
+                        for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
+
+            return release_table(plan, sums, source, quantiles)
         finally:
             partials.unpersist()
-    released = np.ones(sums.height, dtype=bool)
-    if plan.selection.mode == "private" and plan.selection.mechanism == "released_count":
-        released = _released_count_keep(plan, sums, noisy)
-    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(
-        pl.Series(released, dtype=pl.Boolean))
-    return output.drop(GLOBAL_KEY) if not plan.group_by else output
 
 
 def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession) -> pl.DataFrame:
@@ -272,7 +266,7 @@ def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Sp
     deterministic function of the data, the run's hash key and the selection draws).
     Columns: partition keys, UNITS, then one Int128 column per non-quantile quantity id.
     """
-    keys = list(plan.group_by) or [GLOBAL_KEY]
+    keys = partition_keys(plan)
     seed = source.hash_seeds()[0]
     with _spark_errors():
         partials = _partials(_rows(spark, plan, info, keys), plan, keys)
@@ -291,21 +285,17 @@ def _bounded_sums(
     if mode == "private" and plan.selection.mechanism != "released_count":
         # col : (partition keys, privacy units after the first bounding), collected once
         counts = bounded.groupBy(*_cols(keys)).agg(F().count(F().lit(1)).alias(UNITS))
-        unit_counts = _collect(counts, {**key_schema, UNITS: pl.Int64})
-        # Sorted so that random draws are assigned in the same order as in the Polars engine.
-        unit_counts = unit_counts.sort(keys, nulls_last=True)
-        keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
-        chosen = unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+        chosen = chosen_partitions(plan, _collect(counts, {**key_schema, UNITS: pl.Int64}), source)
         chosen_frame = _to_spark(spark, chosen)
         if plan.selection.second_bounding:
             bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
         else:
             bounded = _semi(bounded, chosen_frame, keys)
-        sums = _with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
+        sums = with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
     elif mode == "private":
         sums = _partition_sums(bounded, plan, keys, key_schema)
     else:
-        sums = _with_all_keys(_partition_sums(bounded, plan, keys, key_schema), _public_keys(plan, keys), plan)
+        sums = with_all_keys(_partition_sums(bounded, plan, keys, key_schema), public_keys(plan), plan)
     return sums, bounded
 
 
@@ -450,7 +440,7 @@ def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: li
     from pyspark.sql import Window
 
     f = F()
-    shape = _shape(quantity)
+    shape = tree_shape(quantity)
     assert quantity.column is not None
     pair = [*plan.privacy_unit, *keys]
     value = _col(quantity.column)
@@ -494,7 +484,7 @@ def _quantiles(
     table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
         pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
     levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    answers = answer_quantiles(table, partitions.height, _shape(quantity), levels, noisy.noise, source)
+    answers = answer_quantiles(table, partitions.height, tree_shape(quantity), levels, noisy.noise, source)
     return {level: answers[:, index] for index, level in enumerate(levels)}
 
 

@@ -33,7 +33,7 @@ import polars as pl
 from scipy import stats
 
 from dprun import api
-from dprun.engines import polars_engine
+from dprun.engines import polars_engine, release_steps
 from dprun.mechanisms.noise import NoisePlan, add_noise, to_grid
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
@@ -86,7 +86,7 @@ def pre_noise_sums(plan: QueryPlan, validated: api.ValidatedSpec, hash_seed: int
     partials = partial_frames(plan, info, keys, hash_seed, workdir)
     bounded = [polars_engine._cross_partition_bound(shard, plan, keys, hash_seed) for shard in partials]
     sums = polars_engine._partition_sums(bounded, partials, plan, keys)
-    sums = polars_engine._with_all_keys(sums, polars_engine._public_keys(plan, keys), plan)
+    sums = release_steps.with_all_keys(sums, release_steps.public_keys(plan), plan)
     return sums.sort(keys, nulls_last=True)
 
 

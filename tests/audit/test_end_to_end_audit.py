@@ -30,7 +30,7 @@ import pytest
 
 import dp_audit
 from dp_audit import Coordinate, epsilon_lower_bound, privacy_loss, threshold_sets
-from dprun.engines import polars_engine
+from dprun.engines import polars_engine, release_steps
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
 
@@ -94,7 +94,7 @@ def run_engine(plan: QueryPlan, info: Any, seed: int, runs: int, tmp_path: Path,
                noise_factor: float = 1.0) -> Releases:
     """`runs` runs of the engine with seeds seed, seed+1, ...; `add_noise` wrapped to record its input
     and output (and, for the broken variant, to draw noise with `noise_factor` times the parameter)."""
-    real_add_noise = polars_engine.add_noise
+    real_add_noise = release_steps.add_noise
     calls: list[tuple[Any, np.ndarray, np.ndarray]] = []
 
     def recording_add_noise(aggregates: pl.Series, unit_exponent: int, noise: Any, source: RandomSource) -> np.ndarray:
@@ -103,7 +103,7 @@ def run_engine(plan: QueryPlan, info: Any, seed: int, runs: int, tmp_path: Path,
         calls.append((noise, aggregates.cast(pl.Int64).to_numpy(), released))
         return released
 
-    monkeypatch.setattr(polars_engine, "add_noise", recording_add_noise)
+    monkeypatch.setattr(release_steps, "add_noise", recording_add_noise)
     result = Releases({}, {}, [])
     for run in range(runs):
         calls.clear()

@@ -1,0 +1,93 @@
+"""The steps after exact per-partition aggregation, the same for every engine.
+
+An engine bounds contributions and sums them per partition exactly (on this machine or
+on a cluster); what happens to those sums is decided here, on the driver, on Polars
+tables: which partitions a private selection keeps, which listed partitions are added
+empty, the noise, the quantile answers and the post-processing into released metrics.
+Both `polars_engine` and `spark_engine` call these, so their releases agree step for step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+
+from dprun.engines.polars_steps import GLOBAL_KEY, UNITS
+from dprun.mechanisms import selection
+from dprun.mechanisms.noise import add_noise
+from dprun.mechanisms.quantile_tree import TreeShape
+from dprun.mechanisms.quantities import Quantity
+from dprun.mechanisms.sampling import RandomSource
+from dprun.plan import QueryPlan
+from dprun.postprocess import metric_columns
+
+# partitions → {quantile quantity id: {level: answer per partition}}
+QuantileAnswers = Callable[[pl.DataFrame], dict[str, dict[float, np.ndarray]]]
+
+
+def partition_keys(plan: QueryPlan) -> list[str]:
+    """The columns a query's partitions are keyed by: its group-by, or one constant column."""
+    return list(plan.group_by) or [GLOBAL_KEY]
+
+
+def chosen_partitions(plan: QueryPlan, unit_counts: pl.DataFrame, source: RandomSource) -> pl.DataFrame:
+    """The keys private partition selection keeps, from col : (keys, privacy units after the first bounding).
+
+    Sorted by key first, so that random draws are assigned in the same order whatever the
+    engine or the sharding.
+    """
+    keys = partition_keys(plan)
+    unit_counts = unit_counts.sort(keys, nulls_last=True)
+    keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
+    return unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+
+
+def public_keys(plan: QueryPlan) -> pl.DataFrame:
+    """Every partition a query with public partitions releases (one, without a group-by)."""
+    if plan.public_keys is not None:
+        return plan.public_keys
+    return pl.DataFrame({GLOBAL_KEY: [0]}, schema={GLOBAL_KEY: pl.Int8})
+
+
+def with_all_keys(sums: pl.DataFrame, all_keys: pl.DataFrame, plan: QueryPlan) -> pl.DataFrame:
+    """Every listed key, with zero sums where no bounded data fell into it (empty partitions get noise too)."""
+    joined = all_keys.join(sums, on=all_keys.columns, how="left", nulls_equal=True)
+    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities if q.quantity.aggregate != "quantile_tree")]
+    return joined.with_columns(pl.col(c).fill_null(0) for c in value_columns)
+
+
+def tree_shape(quantity: Quantity) -> TreeShape:
+    assert quantity.lower is not None and quantity.upper is not None
+    return TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
+
+
+def release_table(plan: QueryPlan, sums: pl.DataFrame, source: RandomSource,
+                  quantiles: QuantileAnswers) -> pl.DataFrame:
+    """The DP output of one query from its exact sums: one row per released partition, keys then metrics.
+
+    `sums` is col : (partition keys, units, exact Int128 sum per quantity), one row per
+    partition that may be released; `quantiles` answers the quantile trees for the sorted
+    partitions. Noise is drawn here, in key order.
+    """
+    keys = partition_keys(plan)
+    # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
+    sums = sums.sort(keys, nulls_last=True)
+    noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
+             for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+    answers = quantiles(sums.select(keys))
+    released = np.ones(sums.height, dtype=bool)
+    if plan.selection.mode == "private" and plan.selection.mechanism == "released_count":
+        released = _released_count_keep(plan, sums, noisy)
+    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(
+        pl.Series(released, dtype=pl.Boolean))
+    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+
+
+def _released_count_keep(plan: QueryPlan, sums: pl.DataFrame, noisy: dict[str, np.ndarray]) -> np.ndarray:
+    """Keep partitions with at least min_privacy_units units whose released count reaches the plan's threshold."""
+    select = plan.selection
+    assert select.threshold_quantity is not None and select.threshold is not None
+    enough_units = sums[UNITS].to_numpy() >= select.min_privacy_units
+    return enough_units & (noisy[select.threshold_quantity] >= select.threshold)
