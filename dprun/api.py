@@ -398,7 +398,7 @@ def _record(reserved: _Reserved, the_plan: Plan, report_md: Path,
         ) from None
 
 
-def _hashed(writer: Callable[[Path], None], target: Path, digests: dict[Path, str]) -> Callable[[Path], None]:
+def _hashed(writer: Callable[[Path], object], target: Path, digests: dict[Path, str]) -> Callable[[Path], None]:
     def write(path: Path) -> None:
         writer(path)
         digests[target] = sha256_of(path)

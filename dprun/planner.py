@@ -9,7 +9,7 @@ is split in two steps (docs/mechanisms.md, "Budget"):
    needed by several metrics gets the sum), δ across the mechanisms that need δ
    (Gaussian noise, partition selection) with the same weights.
 
-Under `accounting: basic` the guarantees add up (seed 002, Prop. 5). Under `pld` the
+Under `accounting: basic` the guarantees add up ([D20 §2.1.6], Prop. 5). Under `pld` the
 planner then shrinks every noise scale by the one factor that keeps the tight
 composition (privacy loss distributions, `accounting.pld_epsilon`) within the budget.
 """
@@ -164,7 +164,7 @@ def _noise_choices(query: Query) -> dict[str, NoiseKind | None]:
     chosen: dict[str, NoiseKind | None] = {}
     for index, (metric, quantities) in enumerate(_metric_quantities(query)):
         wanted = metric.noise or query.noise
-        kind: NoiseKind | None = None if wanted == "auto" else wanted  # type: ignore[assignment]
+        kind: NoiseKind | None = None if wanted == "auto" else wanted
         for quantity in quantities:
             if quantity.id in chosen and chosen[quantity.id] not in (None, kind) and kind is not None:
                 raise Unplannable(("metrics", index, "noise"),

@@ -4,7 +4,7 @@ mean     = mid + S / max(1, C), clamped to [lower, upper]
 variance = SS / max(1, C) − (S / max(1, C))², clamped to [0, ((upper − lower)/2)²]
 stddev   = √variance
 where C is the noisy row count, S the noisy sum of values centred on mid = (lower+upper)/2
-and SS the noisy sum of their squares (seed 003, "Computing MEAN, VARIANCE").
+and SS the noisy sum of their squares ([DPP21], "Computing MEAN, VARIANCE").
 Counts are rounded to integers (exact already under discrete Laplace noise). With
 `clamp`, counts and sums are released within their feasible range: counts at least 0,
 sums at least 0 when both bounds are (at most 0 when both are at most 0).

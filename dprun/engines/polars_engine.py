@@ -1,6 +1,6 @@
 """Execute a plan with Polars' streaming engine.
 
-The steps are seed 003's computation graph in Plume's order (seed 004):
+The steps are [DPP21]'s computation graph in Plume's order ([Plume22]):
 
 1. scan, keep the needed columns, filter, drop rows whose privacy unit is null;
    public partitions: drop rows of unlisted keys first, so no unit spends its L0 on them;
@@ -203,6 +203,7 @@ def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: 
 def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
     """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
+    assert quantity.column is not None
     leaves = rows.select(*pair, tree_shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
     per_pair = leaves.group_by(pair).agg(pl.len().cast(pl.Int64).alias(PRESENT))
     weight = unit_weight_expr(pl.col(PRESENT), plan.max_rows)
@@ -246,7 +247,7 @@ def _combine(frames: list[pl.LazyFrame], keys: list[str]) -> pl.DataFrame:
 
 def _key_schema(partials: list[pl.LazyFrame], keys: list[str]) -> dict[str, pl.DataType]:
     schema = dict(partials[0].collect_schema()) if partials else {}
-    return {key: schema.get(key, pl.Int8) for key in keys}
+    return {key: schema.get(key, pl.Int8()) for key in keys}
 
 
 def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
@@ -319,6 +320,6 @@ def _partition_sums(
     sums = _combine([frame.group_by(keys).agg(aggregations) for frame in bounded], keys)
     if sums.width > 0:
         return sums
-    schema = {**_key_schema(partials, keys), UNITS: pl.Int64}
-    schema |= {q.quantity.id: pl.Int128 for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+    schema: dict[str, pl.DataType] = {**_key_schema(partials, keys), UNITS: pl.Int64()}
+    schema |= {q.quantity.id: pl.Int128() for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
     return pl.DataFrame(schema=schema)

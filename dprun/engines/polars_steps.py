@@ -8,6 +8,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Final
 
 import polars as pl
 
@@ -19,11 +20,12 @@ UNITS = "__dprun_units__"
 LEAF = "__dprun_leaf__"
 WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
-STREAMING = "streaming"
+STREAMING: Final = "streaming"
 
 
 def row_units(quantity: Quantity) -> pl.Expr:
     """A row's value in integer units of the quantity: clamped, centred, rounded, clipped."""
+    assert quantity.column is not None
     value = pl.col(quantity.column).clip(quantity.lower, quantity.upper) - quantity.center
     if quantity.aggregate == "centered_sumsq":
         value = value * value

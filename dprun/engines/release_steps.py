@@ -39,6 +39,7 @@ def chosen_partitions(plan: QueryPlan, unit_counts: pl.DataFrame, source: Random
     engine or the sharding.
     """
     keys = partition_keys(plan)
+    assert plan.selection.detail is not None, "a private selection's plan names its mechanism"
     unit_counts = unit_counts.sort(keys, nulls_last=True)
     keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
     return unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -556,7 +556,7 @@ def _load(files: list[Path]) -> pl.DataFrame:
     return shard
 
 
-def _in_parallel_into(tasks: list[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
+def _in_parallel_into(tasks: Sequence[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
     """Each task's result, in order, as `_in_parallel`, and the accumulators (at least one)
     the tasks were given: a running task holds one that no other running task holds.
 

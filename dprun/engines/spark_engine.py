@@ -587,7 +587,7 @@ def _decimal_type() -> type:
 
 def _portable(column: pl.Expr, dtype: Any) -> pl.Expr:
     """Polars types Arrow hands to Spark as the Spark type `_spark_type` names."""
-    widen = {pl.UInt8: pl.Int16, pl.UInt16: pl.Int32, pl.UInt32: pl.Int64, pl.UInt64: pl.Decimal(20, 0),
+    widen: dict[pl.DataType | type[pl.DataType], pl.DataType | type[pl.DataType]] = {pl.UInt8: pl.Int16, pl.UInt16: pl.Int32, pl.UInt32: pl.Int64, pl.UInt64: pl.Decimal(20, 0),
              pl.Int128: pl.Decimal(38, 0), pl.Categorical: pl.String, pl.Null: pl.String}
     for polars_type, target in widen.items():
         if dtype == polars_type:

@@ -48,11 +48,10 @@ class SqliteLedger(SqlLedger):
             cursor = connection.cursor()
             if write:
                 _make_schema(cursor)
-            elif not _has_tables(cursor):
-                cursor = None
-            if cursor is not None:
+            present = write or _has_tables(cursor)
+            if present:
                 self._check_version(cursor)
-            yield cursor
+            yield cursor if present else None
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
             raise self._failure(exc) from None

@@ -48,7 +48,8 @@ T = TypeVar("T")
 class Cursor(Protocol):
     """What both drivers' cursors offer (sqlite3 and psycopg), with the store's placeholders."""
 
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
 

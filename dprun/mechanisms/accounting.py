@@ -2,11 +2,11 @@
 
 Two accountants:
 
-* `compose_basic`: sums of ε and of δ (seed 002_08aab16c99446b9d.txt,
+* `compose_basic`: sums of ε and of δ ([D20 §2.1.6],
   Proposition 5), exact.
 * `pld_epsilon`: tight composition of the actual noise distributions with
   privacy loss distributions (dp_accounting.pld; Koskela et al., Doroshenko et
-  al. 2022 "Connect the dots"), the route seed 000_736e36a23e4efb62.txt
+  al. 2022 "Connect the dots"), the route [D20 §4.3.3]
   ("Gaussian noise") points to for many Gaussian mechanisms; Gaussian noise
   with few other losses in closed form (`closed_form_pld`). All PLDs are
   pessimistic, so the ε they give is an upper bound.
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -90,9 +89,9 @@ Cost = NoiseCost | ApproxCost
 def epsilon_delta_of(cost: Cost, delta_for_gaussian: float) -> tuple[float, float]:
     """Standalone (ε, δ) guarantee of one mechanism.
 
-    Discrete Laplace: (Δ1/t, 0), the geometric mechanism (seed 002,
+    Discrete Laplace: (Δ1/t, 0), the geometric mechanism ([D20 §2.1.6],
     Proposition 7). Discrete Gaussian: (ε, `delta_for_gaussian`) with ε from
-    the analytic Gaussian mechanism (seed 000, Theorem 16); infinite ε when
+    the analytic Gaussian mechanism ([D20 §4.3.3], Theorem 16); infinite ε when
     `delta_for_gaussian` is 0.
     """
     if isinstance(cost, ApproxCost):
@@ -103,7 +102,7 @@ def epsilon_delta_of(cost: Cost, delta_for_gaussian: float) -> tuple[float, floa
 
 
 def compose_basic(parts: list[tuple[float, float]]) -> tuple[float, float]:
-    """(Σε, Σδ) (seed 002, Proposition 5), summed exactly and rounded up to a float.
+    """(Σε, Σδ) ([D20 §2.1.6], Proposition 5), summed exactly and rounded up to a float.
 
     Every float is an exact rational; the sums are taken in `Fraction` and the
     result is the smallest float not below the exact sum, so it never
@@ -188,7 +187,7 @@ def _dp_accounting_epsilon(costs: list[Cost], delta: float, interval: float) -> 
 
 
 def pld_noise_multiplier(
-    costs: list[Cost], fixed: list[ApproxCost], epsilon: float, delta: float, rough: bool = False
+    costs: Sequence[Cost], fixed: Sequence[ApproxCost], epsilon: float, delta: float, rough: bool = False
 ) -> float:
     """Smallest factor k (to 1e-4 relative, rounded up) keeping the composition within (ε, δ).
 

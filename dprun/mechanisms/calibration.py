@@ -3,10 +3,10 @@
 Pure functions on floats: noise scales for a budget, and the budget a Gaussian
 noise scale spends (`gaussian_delta`, `gaussian_epsilon`). The Laplace
 mechanism and its discrete variant (the two-sided geometric distribution) are
-from seed 002_08aab16c99446b9d.txt (Proposition 6, Definition 8,
+from [D20 §2.1.6] (Proposition 6, Definition 8,
 Proposition 7); the analytic Gaussian mechanism (Balle & Wang 2018,
 "Improving the Gaussian mechanism for differential privacy", Theorem 8 and
-Algorithm 1) is Theorem 16 of seed 000_736e36a23e4efb62.txt."""
+Algorithm 1) is Theorem 16 of [D20 §4.3.3]."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def sampled_gaussian_guarantee(exact_epsilon: float, continuous_delta: float, ch
 
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
-    """Scale b = Δ1/ε of Laplace noise giving ε-DP (seed 002, Proposition 6)."""
+    """Scale b = Δ1/ε of Laplace noise giving ε-DP ([D20 §2.1.6], Proposition 6)."""
     _require_positive(l1_sensitivity=l1_sensitivity, epsilon=epsilon)
     return l1_sensitivity / epsilon
 
@@ -65,7 +65,7 @@ def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
 def discrete_laplace_std(t: float) -> float:
     """Standard deviation of the discrete Laplace distribution P(k) ∝ exp(-|k|/t).
 
-    With p = e^{-1/t} the variance is 2p/(1-p)^2 (seed 002, Definition 8, with
+    With p = e^{-1/t} the variance is 2p/(1-p)^2 ([D20 §2.1.6], Definition 8, with
     α = p). `expm1` keeps 1-p accurate when t is large.
     """
     _require_positive(t=t)
@@ -77,7 +77,7 @@ def gaussian_delta(sigma: float, l2_sensitivity: float, epsilon: float) -> float
     """Exact δ(ε) of the Gaussian mechanism with noise N(0, σ²) and L2 sensitivity Δ.
 
     δ = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ) (Balle & Wang 2018,
-    Theorem 8; seed 000, Theorem 16): the mechanism is (ε, δ')-DP iff δ' ≥ δ.
+    Theorem 8; [D20 §4.3.3], Theorem 16): the mechanism is (ε, δ')-DP iff δ' ≥ δ.
     Both terms are formed as logarithms (`log_ndtr`) and subtracted as
     exp(l1)·(1 − exp(l2 − l1)), so nothing overflows for ε up to 50 and tiny
     δ keep their relative precision.
@@ -100,7 +100,7 @@ def gaussian_deltas(mu: float, epsilons: np.ndarray | float) -> np.ndarray:
 def analytic_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
     """Smallest σ for which Gaussian noise N(0, σ²) gives (ε, δ)-DP at L2 sensitivity Δ.
 
-    Balle & Wang 2018, Algorithm 1 (seed 000, Theorem 16), solved numerically:
+    Balle & Wang 2018, Algorithm 1 ([D20 §4.3.3], Theorem 16), solved numerically:
     δ(σ) = `gaussian_delta(σ, Δ, ε)` decreases in σ, so we bracket the
     crossing by doubling/halving and bisect in log σ until the bracket is
     narrower than 1e-12 relative. The upper end of the final bracket is

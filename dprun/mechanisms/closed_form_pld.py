@@ -5,7 +5,7 @@ imports scipy.signal and scipy.stats (over a second on the benchmark machine, mo
 a planning step) and builds its PLDs on a grid, while the plans `auto` makes are
 mostly Gaussian. Gaussian mechanisms compose exactly into one Gaussian mechanism with
 μ² = Σ (Δ_i/σ_i)² (Dong, Roth & Su 2019, "Gaussian differential privacy", Cor. 3.3),
-whose δ(ε) is the analytic Gaussian's (seed 000, Theorem 16; `calibration.gaussian_deltas`). Composing it with a
+whose δ(ε) is the analytic Gaussian's ([D20 §4.3.3], Theorem 16; `calibration.gaussian_deltas`). Composing it with a
 discrete privacy loss L (finitely many losses l_j with masses p_j, plus a mass p_∞ at
 +∞) gives, since δ(ε) = E[(1 − e^{ε − L_total})₊] for independent losses,
 

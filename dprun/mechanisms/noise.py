@@ -2,14 +2,14 @@
 
 Every released number is an exact integer aggregate plus integer noise, on a grid of
 2**grid_exponent (Google's secure noise approach; Mironov 2012 showed that naive
-floating-point Laplace noise leaks through its low bits, seed 000):
+floating-point Laplace noise leaks through its low bits, [D20 §4.3.3]):
 
 * Laplace noise is the discrete Laplace P(k) ∝ exp(-|k|/t) on the grid, which is
   exactly ε-DP for an integer L1 sensitivity Δ1 with t = Δ1/ε (the geometric
-  mechanism, seed 002). Counts use the integer grid itself.
+  mechanism, [D20 §2.1.6]). Counts use the integer grid itself.
 * Gaussian noise is the discrete Gaussian (Canonne, Kamath, Steinke 2020) on a grid
   2**-LATTICE_BITS of σ. Its σ comes from the analytic Gaussian mechanism (Balle &
-  Wang 2018; seed 000, Theorem 16) for the grid's L2 sensitivity √L0·L∞, calibrated
+  Wang 2018; [D20 §4.3.3], Theorem 16) for the grid's L2 sensitivity √L0·L∞, calibrated
   for the budget less what the lattice (GAUSSIAN_DELTA_SLACK) and the sampler's float
   acceptance step (GAUSSIAN_SAMPLER_EPSILON) can add (`exact_gaussian_budget`).
 

@@ -1,8 +1,8 @@
 """DP quantiles (quantile, median, min, max) from a noisy quantile tree.
 
-Seed 001 (Table 4.2) defines ANON_NTILE, ANON_MEDIAN, ANON_MIN and ANON_MAX through one
-percentile aggregate whose bounds only limit the search space. Seed 001 implements it as
-a noisy binary search over all values kept in memory. Seed 003 says percentiles should
+[D20 §4.2.3] (Table 4.2) defines ANON_NTILE, ANON_MEDIAN, ANON_MIN and ANON_MAX through one
+percentile aggregate whose bounds only limit the search space. [D20 §4.2.3] implements it as
+a noisy binary search over all values kept in memory. [DPP21] says percentiles should
 come from a library. dprun uses the hierarchical histogram ("quantile tree") approach
 instead. It is one streaming pass of integer sums and uses no memory per value:
 

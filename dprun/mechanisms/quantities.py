@@ -1,7 +1,7 @@
 """Metrics → the noisy per-partition quantities they are computed from, with their sensitivities.
 
 A metric is released as post-processing of one or more noisy sums over the
-partition (seed 003, "Computing MEAN, VARIANCE"; seed 001, Table 4.2):
+partition ([DPP21], "Computing MEAN, VARIANCE"; [D20 §4.2.3], Table 4.2):
 
 | metric            | noisy quantities                                      |
 |-------------------|-------------------------------------------------------|

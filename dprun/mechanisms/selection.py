@@ -4,7 +4,7 @@ A partition's `units` n is the number of privacy units in it after contribution
 bounding; each unit is in at most L0 = `max_partitions` partitions. Every
 mechanism takes (ε, δ) for the whole selection and gives each partition
 ε' = ε/L0, δ' = δ/L0: a unit changes at most L0 per-partition decisions, and
-basic composition (seed 002_08aab16c99446b9d.txt, Proposition 5) adds them up.
+basic composition ([D20 §2.1.6], Proposition 5) adds them up.
 This is how PipelineDP and Desfontaines et al. handle L0 > 1.
 
 A `pre_threshold` k >= 1 (the spec's `min_privacy_units`) drops partitions with
@@ -12,16 +12,16 @@ n < k outright and runs the mechanism on n − k + 1: a partition then appears,
 for a neighbouring dataset, when n goes from k − 1 to k, i.e. from "never kept"
 to the mechanism's input 1, which is the case the mechanisms are built for.
 
-Mechanisms (seed 003_889955571fac0651.txt, "Private partition selection"):
+Mechanisms ([DPP21], "Private partition selection"):
 
 * `TruncatedGeometric`: Desfontaines, Voss, Gipson, Mandayam 2020,
   "Differentially private partition selection", the optimal keep probability
   π(n) for (ε', δ').
 * `laplace_threshold`, `gaussian_threshold`: a noisy privacy-unit count compared
-  with a threshold (seed 001_25e1ffe45c562f18.txt, Theorem 12), with the same
+  with a threshold ([D20 §4.2.3], Theorem 12), with the same
   noise as every released number (`dprun.mechanisms.noise`: discrete Laplace on
   the integers, or the lattice Gaussian calibrated by the analytic Gaussian
-  mechanism, seed 000_736e36a23e4efb62.txt, Theorem 16). Only the keep decision
+  mechanism, [D20 §4.3.3], Theorem 16). Only the keep decision
   is released.
 * `released_count_threshold`: the same rule on a count a metric releases anyway,
   which costs δ only.
@@ -69,7 +69,7 @@ class TruncatedGeometric:
 
 @dataclass(frozen=True)
 class NoisyThreshold:
-    """Keep a partition when its count plus `noise` reaches `threshold` (seed 001, Theorem 12).
+    """Keep a partition when its count plus `noise` reaches `threshold` ([D20 §4.2.3], Theorem 12).
 
     The count is the partition's privacy-unit count (`laplace_threshold`,
     `gaussian_threshold`: only the keep decision is released) or a count that a

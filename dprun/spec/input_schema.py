@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import csv
 import glob
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import polars as pl
 
@@ -21,6 +21,9 @@ from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputS
 from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression, row_filter
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
+
+if TYPE_CHECKING:
+    import _csv
 
 SCHEMA_SAMPLE_ROWS = 1000
 SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".ndjson": "ndjson", ".jsonl": "ndjson"}
@@ -158,17 +161,17 @@ def _header_names_twice(paths: tuple[Path, ...], reading: InputSpec) -> list[str
     for path in paths:
         try:
             with path.open(encoding="utf-8-sig", errors="replace", newline="") as handle:
-                header = next((row for row in csv_rows(handle, reading) if row), [])
+                header: list[str] = next((row for row in csv_rows(handle, reading) if row), [])
         except (OSError, csv.Error):
             continue  # Polars has read the schema; whatever fails here fails in the row check too
         twice |= {name for name in header if header.count(name) > 1}
     return sorted(twice)
 
 
-def csv_rows(handle: TextIO, reading: InputSpec) -> Iterator[list[str]]:
+def csv_rows(handle: TextIO, reading: InputSpec) -> _csv.Reader:
     """The rows of a CSV text as Python's csv module reads them with the input's options
     (separator, quote, comment lines skipped as Polars skips them)."""
-    quoting = csv.QUOTE_NONE if reading.quote_char is None else csv.QUOTE_MINIMAL
+    quoting: Literal[0, 3] = csv.QUOTE_NONE if reading.quote_char is None else csv.QUOTE_MINIMAL
     lines: Iterable[str] = handle
     if reading.comment_prefix is not None:
         prefix = reading.comment_prefix

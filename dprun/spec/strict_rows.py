@@ -65,7 +65,7 @@ def _check_csv(path: Path, info: InputInfo, limit: int | None, every_value: bool
     reading = info.reading
     with _csv_text(path) as handle:
         reader = csv_rows(handle, reading)
-        rows = (row for row in reader if row)  # blank lines (and comment lines) are skipped
+        rows: Iterator[list[str]] = (row for row in reader if row)  # blank lines (and comment lines) are skipped
         first = next(rows, [])
         width = len(first)
         # Without a header the columns have the names Polars gave them, in file order.
