@@ -105,7 +105,7 @@ def test_the_tests_the_docs_name_exist() -> None:
             if not path.exists():
                 missing.append(f"{doc.name}: {path_text}")
                 continue
-            defined = set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+            defined = set(re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE))
             named = {one} if one else set(re.findall(r"`(test_\w+)`", listed or ""))
             missing += [f"{doc.name}: {path_text}::{name}" for name in sorted(named - defined)]
     assert not missing, "tests the docs name that do not exist:\n" + "\n".join(missing)
@@ -125,7 +125,7 @@ SPEC_LEVEL = set(Spec.model_fields)
 
 
 def yaml_blocks() -> list[str]:
-    return re.findall(r"```ya?ml\n(.*?)```", (DOCS / "spec.md").read_text(), re.S)
+    return re.findall(r"```ya?ml\n(.*?)```", (DOCS / "spec.md").read_text(), re.DOTALL)
 
 
 def load(text: str) -> Any:
@@ -135,7 +135,7 @@ def load(text: str) -> Any:
 
 
 def full_example() -> str:
-    [full] = [block for block in yaml_blocks() if re.search(r"^version: ", block, re.M)]
+    [full] = [block for block in yaml_blocks() if re.search(r"^version: ", block, re.MULTILINE)]
     return full
 
 
@@ -148,7 +148,7 @@ def test_the_full_example_validates_on_the_sample_data(tmp_path: Path) -> None:
     assert api.plan(validated).queries
 
 
-@pytest.mark.parametrize("block", [b for b in yaml_blocks() if not re.search(r"^version: ", b, re.M)
+@pytest.mark.parametrize("block", [b for b in yaml_blocks() if not re.search(r"^version: ", b, re.MULTILINE)
                                    and load(b) is not None])
 def test_every_fragment_fits_the_spec_language(block: str) -> None:
     """A fragment is put into the full example (a spec-level key into the spec, any other into
