@@ -45,7 +45,7 @@ from dprun.ledger import jsonl as ledger_jsonl
 from dprun.ledger import location as ledger_location
 from dprun.ledger import open_ledger
 from dprun.ledger.store import SqlLedger
-from dprun.publish import refuse_existing, staged, store_of
+from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.spec.strict_rows import check_rows
 from dprun.verify import Verified, sha256_of, verify_release
@@ -53,6 +53,35 @@ from dprun.verify import Verified, sha256_of, verify_release
 if TYPE_CHECKING:
     from dprun.mechanisms.sampling import RandomSource
     from dprun.plan import Plan, QueryPlan
+
+__all__ = [
+    "Location",
+    "Plan",
+    "RunResult",
+    "Status",
+    "ValidatedSpec",
+    "Verified",
+    "abandon_release",
+    "explain",
+    "export_ledger",
+    "find_ledger",
+    "import_ledger",
+    "ledger_name",
+    "ledger_status",
+    "ledger_totals",
+    "plan",
+    "read_ledger",
+    "run",
+    "scaffold",
+    "scaffold_placeholders",
+    "spec_json_schema",
+    "validate",
+    "verify",
+]
+
+# Types the API's functions return, under the names the API documents.
+Status = ledger_entries.Status
+Location = ledger_location.Location
 
 # numpy, the mechanisms and the engines are imported by the calls that need them (plan, run):
 # `dprun validate` and `dprun --help` start in a fraction of the time (docs/ci.md).
@@ -86,6 +115,34 @@ def plan(validated: ValidatedSpec) -> Plan:
     from dprun.planner import make_plan
 
     return make_plan(validated)
+
+
+def explain(validated: ValidatedSpec) -> dict[str, Any]:
+    """What `dprun explain-budget --format json` prints, without its `ledger` key: the plan's
+    budget split and accuracy, from the spec and the input schemas alone."""
+    from dprun.report import explain as explain_plan
+
+    return explain_plan(plan(validated))
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The spec language as a JSON Schema (what `dprun schema` prints; docs/dprun.schema.json)."""
+    from dprun.spec.models import Spec
+
+    document = Spec.model_json_schema()
+    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    document["title"] = "dprun spec, version 1"
+    return document
+
+
+def __getattr__(name: str) -> Any:
+    # `Plan` is a documented type of the API; it is imported only when asked for, because the
+    # planning modules import numpy, which `dprun validate` does without.
+    if name == "Plan":
+        from dprun.plan import Plan
+
+        return Plan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run(
@@ -314,9 +371,30 @@ def import_ledger(jsonl_path: str | Path, ledger: str | Path) -> int:
     return len(entries)
 
 
-def export_ledger(ledger: str | Path) -> str:
-    """Every entry of a ledger as JSON lines, for audit (`import_ledger` takes them back)."""
-    return ledger_jsonl.lines(read_ledger(ledger))
+def export_ledger(ledger: str | Path, output: str | Path | None = None) -> str:
+    """Every entry of a ledger as JSON lines, for audit (`import_ledger` takes them back);
+    also written whole to `output` (a temporary file renamed into place) if given."""
+    text = ledger_jsonl.lines(read_ledger(ledger))
+    if output is not None:
+        write_whole(Path(output), text.encode())
+    return text
+
+
+def find_ledger(ledger: str | Path | None = None, spec: str | Path | None = None) -> Location | None:
+    """The ledger a command uses: `ledger` (a path or a postgresql:// URL), else
+    $DPRUN_LEDGER, else the `ledger:` of `spec` (validated), else None."""
+    loaded = None if spec is None or ledger else validate(spec).loaded
+    return ledger_location.resolve(loaded, ledger)
+
+
+def ledger_name(location: Location) -> str:
+    """A ledger's location as it may be shown: a URL without its password."""
+    return ledger_location.shown(location)
+
+
+def ledger_totals(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per dataset of `entries`: its releases that count, how many are pending, and their exact spend."""
+    return ledger_entries.totals_by_dataset(entries)
 
 
 def abandon_release(number: int, ledger: str | Path) -> dict[str, Any]:
@@ -346,6 +424,11 @@ def _location(ledger: str | Path) -> ledger_location.Location:
     located = ledger_location.resolve(None, ledger)
     assert located is not None
     return located
+
+
+def scaffold_placeholders(text: str) -> int:
+    """How many placeholders a `scaffold` text leaves to fill."""
+    return len(scaffold_mod.placeholder_lines(text))
 
 
 def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:

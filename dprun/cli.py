@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from dprun.errors import DprunError, ExitCode, Interrupted, OutputError
-from dprun.ledger import location as ledger_location
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from dprun import api
-    from dprun.ledger.entries import Status
+    from dprun.api import Status
 
 # Each command imports what it needs (Polars, pydantic, numpy, rich): `dprun --help` loads
 # none of them, `validate` no numpy (docs/ci.md, "Start-up time").
 
 FORMATS = click.Choice(["text", "json"])
 spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
+LEDGER_VARIABLE = "DPRUN_LEDGER"
 LEDGER_HELP = ("Release ledger: a file (SQLite) or a postgresql:// URL; overrides "
-               f"${ledger_location.ENVIRONMENT_VARIABLE} and the spec's `ledger:`.")
+               f"${LEDGER_VARIABLE} and the spec's `ledger:`.")
 ledger_option = click.option("--ledger", "ledger", default=None, help=LEDGER_HELP)
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -83,15 +83,13 @@ def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
     With a ledger, also what the spec's dataset has spent so far and what remains.
     """
     from dprun import api
-    from dprun.ledger.entries import status_lines
-    from dprun.render import explanation_markdown, print_explanation
-    from dprun.report import explain
+    from dprun.render import explanation_markdown, ledger_status_lines, print_explanation
 
     validated = api.validate(spec)
-    explanation = explain(api.plan(validated))
+    explanation = api.explain(validated)
     status = api.ledger_status(validated, ledger)
     explanation["ledger"] = None if status is None else status.as_dict()
-    lines = status_lines(status, validated.spec.budget.lifetime is not None)
+    lines = ledger_status_lines(status, validated.spec.budget.lifetime is not None)
     if fmt == "json":
         click.echo(json.dumps(explanation, indent=2))
     elif fmt == "markdown":
@@ -256,19 +254,17 @@ spec_ledger_option = click.option("--spec", "spec", type=click.Path(path_type=Pa
                                   help="Use the ledger this spec names (its `ledger:`).")
 
 
-def _which_ledger(where: str | None, spec: Path | None) -> ledger_location.Location:
+def _which_ledger(where: str | None, spec: Path | None) -> api.Location:
     """LEDGER, else $DPRUN_LEDGER, else the ledger --spec names."""
     from dprun import api
 
-    loaded = None if spec is None or where else api.validate(spec).loaded
-    location = ledger_location.resolve(loaded, where)
+    location = api.find_ledger(where, spec)
     if location is None:
-        raise click.UsageError(f"which ledger? give LEDGER, set ${ledger_location.ENVIRONMENT_VARIABLE}, "
-                               "or --spec SPEC")
+        raise click.UsageError(f"which ledger? give LEDGER, set ${LEDGER_VARIABLE}, or --spec SPEC")
     return location
 
 
-def _existing_ledger(where: str | None, spec: Path | None) -> ledger_location.Location:
+def _existing_ledger(where: str | None, spec: Path | None) -> api.Location:
     location = _which_ledger(where, spec)
     if isinstance(location, Path) and not location.exists():
         raise OutputError(f"no ledger at {location}")
@@ -287,12 +283,12 @@ def ledger_show(where: str | None, spec: Path | None, dataset: str | None, fmt: 
     it counts as spent.
     """
     from dprun import api
-    from dprun.ledger.entries import totals_by_dataset
+    from dprun.render import short_dataset
 
     location = _existing_ledger(where, spec)
-    shown = ledger_location.shown(location)
+    shown = api.ledger_name(location)
     entries = [e for e in api.read_ledger(location) if dataset is None or e["dataset"] == dataset]
-    totals = totals_by_dataset(entries)
+    totals = api.ledger_totals(entries)
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "ledger": shown, "releases": entries, "datasets": totals}, indent=2))
         return
@@ -305,14 +301,14 @@ def ledger_show(where: str | None, spec: Path | None, dataset: str | None, fmt: 
         lines += [
             f"#{entry['release']}  {entry['time']}  spec {spec_name} ({entry['spec_sha256'][:12]})  "
             f"ε={entry['epsilon']} δ={entry['delta']} ({entry['accounting']}){flags}",
-            f"    dataset {_short_dataset(entry['dataset'])}",
+            f"    dataset {short_dataset(entry['dataset'])}",
             *[f"    output  {o['path']}" for o in entry["outputs"]],
             f"    report  {(entry.get('report') or {}).get('path', '?')}",
         ]
     for key, total in totals.items():
         spent = total["spent"]
         pending = f" ({total['pending']} pending)" if total["pending"] else ""
-        lines.append(f"dataset {_short_dataset(key)}: {total['releases']} release(s){pending}, "
+        lines.append(f"dataset {short_dataset(key)}: {total['releases']} release(s){pending}, "
                      f"spent ε={spent['epsilon']}, δ={spent['delta']}")
     click.echo("\n".join(lines))
 
@@ -331,7 +327,7 @@ def ledger_import(jsonl: Path, where: str | None, spec: Path | None) -> None:
 
     location = _which_ledger(where, spec)
     count = api.import_ledger(jsonl, location)
-    click.echo(f"imported {count} release(s) from {jsonl} into {ledger_location.shown(location)}")
+    click.echo(f"imported {count} release(s) from {jsonl} into {api.ledger_name(location)}")
 
 
 @ledger.command("export")
@@ -342,13 +338,10 @@ def ledger_import(jsonl: Path, where: str | None, spec: Path | None) -> None:
 def ledger_export(where: str | None, spec: Path | None, output: Path | None) -> None:
     """Write every release of a ledger as JSON lines, exact, for audit or `ledger import`."""
     from dprun import api
-    from dprun.publish import write_whole
 
-    text = api.export_ledger(_existing_ledger(where, spec))
+    text = api.export_ledger(_existing_ledger(where, spec), output)
     if output is None:
         click.echo(text, nl=False)
-    else:
-        write_whole(output, text.encode())
 
 
 @ledger.command("abandon")
@@ -372,14 +365,8 @@ def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_n
                                "its run died and none of its outputs was published")
     location = _existing_ledger(where, spec)
     entry = api.abandon_release(release, location)
-    click.echo(f"release {entry['release']} abandoned in {ledger_location.shown(location)}: its spend "
+    click.echo(f"release {entry['release']} abandoned in {api.ledger_name(location)}: its spend "
                f"(ε={entry['epsilon']}, δ={entry['delta']}) no longer counts")
-
-
-def _short_dataset(key: str) -> str:
-    from dprun.ledger.entries import FINGERPRINT_PREFIX
-
-    return key[:30] + "…" if key.startswith(FINGERPRINT_PREFIX) else key
 
 
 @cli.command()
@@ -396,7 +383,6 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
     knowledge; the spec fails validation until they are filled.
     """
     from dprun import api
-    from dprun import scaffold as scaffold_mod
 
     text = api.scaffold(datafile, output, fmt)
     if output is None:
@@ -408,24 +394,17 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
         output.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise OutputError(f"cannot write {output}: {exc.strerror or type(exc).__name__}") from None
-    count = len(scaffold_mod.placeholder_lines(text))
-    click.echo(f"wrote {output}: fill its {count} {scaffold_mod.PLACEHOLDER} placeholders "
+    count = api.scaffold_placeholders(text)
+    click.echo(f"wrote {output}: fill its {count} FILL_IN placeholders "
                f"(privacy unit and bounds), then run `dprun validate {output}`", err=True)
 
 
 @cli.command()
 def schema() -> None:
     """Print the spec's JSON Schema."""
-    click.echo(json.dumps(spec_json_schema(), indent=2))
+    from dprun import api
 
-
-def spec_json_schema() -> dict[str, Any]:
-    from dprun.spec.models import Spec
-
-    document = Spec.model_json_schema()
-    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    document["title"] = "dprun spec, version 1"
-    return document
+    click.echo(json.dumps(api.spec_json_schema(), indent=2))
 
 
 class Stop(BaseException):  # noqa: N818 - named for what it does, like KeyboardInterrupt

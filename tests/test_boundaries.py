@@ -117,3 +117,20 @@ def test_the_checks_catch_a_violation(source: str, rule: str, tmp_path: Path, mo
         assert any(u.name is not None and is_private(u.name) for u in found), found
     else:
         assert any(layer_of(u.target) > layer_of(u.module) for u in found), found
+
+
+# The CLI shows what the API computes: besides the API it only formats (render) and maps errors.
+CLI_IMPORTS = {"dprun.api", "dprun.errors", "dprun.render"}
+
+
+def test_the_cli_goes_through_the_api() -> None:
+    found = {u.target for u in uses(PACKAGE / "cli.py")}
+    assert found <= CLI_IMPORTS, f"dprun/cli.py imports {sorted(found - CLI_IMPORTS)}: go through dprun.api"
+
+
+def test_the_api_s_public_face_exists() -> None:
+    from dprun import api
+
+    missing = [name for name in api.__all__ if not hasattr(api, name)]
+    assert not missing, f"api.__all__ names what api does not have: {missing}"
+    assert {"RunResult", "ValidatedSpec", "Plan", "Status", "Verified", "run", "validate"} <= set(api.__all__)

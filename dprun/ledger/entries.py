@@ -313,35 +313,3 @@ def pending_entry(release: Release, release_id: str, time: str, outputs: list[di
         "non_private_test_seed": test_seed,
         "dprun_version": __version__,
     }
-
-
-# --- rendering -------------------------------------------------------------------------------
-
-
-def status_lines(state: Status | None, lifetime_declared: bool) -> list[str]:
-    """Plain-text lines for `explain-budget` (Markdown-safe)."""
-    if state is None:
-        lines = ["ledger: none configured; re-runs are not refused and no release is recorded"]
-        if lifetime_declared:
-            lines.append("warning: budget.lifetime is declared but cannot be enforced without a ledger; "
-                         "`dprun run` will refuse to run")
-        return lines
-    release = state.release
-    name = release.dataset if release.dataset_declared else f"{release.dataset[:30]}… (from the input files)"
-    lines = [
-        f"ledger: {state.ledger}",
-        f"dataset {name}: spent {state.spent} in {state.releases} release(s)"
-        + (f" ({state.pending} pending)" if state.pending else "") + f"; this spec costs {release.requested}",
-    ]
-    if release.lifetime is not None and state.remaining is not None:
-        verdict = "fits" if state.fits else "does NOT fit: `dprun run` will refuse it (exit 4)"
-        lines.append(f"lifetime {release.lifetime}: remaining {state.remaining}; this release {verdict}")
-    else:
-        lines.append("no lifetime budget declared (budget.lifetime): spending is recorded but not capped")
-    if state.earlier is not None and state.earlier.get("state") == PENDING:
-        lines.append(f"being released since {state.earlier['time']} (release {state.earlier['release']}, pending): "
-                     "`dprun run` will refuse it (exit 5) unless --new-release")
-    elif state.earlier is not None:
-        lines.append(f"already released at {state.earlier['time']} (release {state.earlier.get('release')}): "
-                     "`dprun run` will refuse it (exit 5) unless --new-release")
-    return lines
