@@ -9,13 +9,15 @@ or a custom tag) is refused, so no object is ever constructed from a spec.
 
 from __future__ import annotations
 
+import re
+import warnings
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, YAMLError
 
 from dprun.errors import Problem, SpecError
 
@@ -39,7 +41,15 @@ def parse_text(text: str, filename: str) -> tuple[Any, Marks]:
     yaml = YAML(typ="rt", pure=True)
     yaml.allow_duplicate_keys = False
     try:
-        tree = yaml.load(text)
+        with warnings.catch_warnings():
+            # ruamel.yaml only warns about an anchor defined twice, then lets the second one
+            # win: which value an alias means would depend on that, so it is an error.
+            warnings.simplefilter("error", ReusedAnchorWarning)
+            tree = yaml.load(text)
+    except ReusedAnchorWarning as exc:
+        line, column = _second_occurrence(str(exc))
+        raise SpecError([Problem(filename, line, column, "", "an anchor (&name) is defined twice; give each "
+                                 "anchor its own name")]) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
@@ -63,6 +73,12 @@ def parse_text(text: str, filename: str) -> tuple[Any, Marks]:
     if problems:
         raise SpecError(problems)
     return data, marks
+
+
+def _second_occurrence(text: str) -> tuple[int | None, int | None]:
+    """Where ruamel.yaml's message about a reused anchor says the second one is."""
+    found = re.search(r"second occurrence.*?line (\d+), column (\d+)", text, re.DOTALL)
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
 
 
 def _yaml_reason(exc: MarkedYAMLError) -> str:

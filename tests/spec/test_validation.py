@@ -531,6 +531,11 @@ PARSE_CASES: dict[str, tuple[str, list[Expect]]] = {
         edit(("  epsilon: 1.0\n", "  epsilon: 1.0\n  epsilon: 100\n")),
         [Expect(6, "", "duplicate key: epsilon")],
     ),
+    "an_anchor_defined_twice_is_an_error_not_last_wins": (
+        edit(("name: validation-test\n", "name: &n validation-test\n"),
+             ("  epsilon: 1.0\n", "  epsilon: &n 1.0\n")),
+        [Expect(5, "", "an anchor (&name) is defined twice")],
+    ),
     "duplicated_top_level_key": (
         edit(("report: out/report.json\n", "report: out/report.json\nversion: 1\n")),
         [Expect(25, "", "duplicate key: version")],
