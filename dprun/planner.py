@@ -25,7 +25,7 @@ from dprun.errors import SpecError
 from dprun.mechanisms import accounting, selection
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_allowed
 from dprun.mechanisms.quantities import Quantity, metric_quantities
-from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan, SelectionPlan
+from dprun.plan import MetricPlan, NoisyQuantity, PartitionMode, Plan, QueryPlan, SelectionPlan
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame, query_schema
 from dprun.spec.models import Metric, Query, Spec
@@ -132,7 +132,7 @@ def _located(index: int, step: Callable[..., T], *args: object) -> T:
         raise Unplannable(("queries", index), str(exc) or "the numbers are out of range") from None
 
 
-def _mode(query: Query) -> str:
+def _mode(query: Query) -> PartitionMode:
     if not query.group_by:
         return "global"
     return "public" if query.partitions is not None and query.partitions.is_public else "private"
@@ -253,8 +253,9 @@ def _choose_noise(
     all_delta = sum(weights.quantities.values()) + (_selection_share(query) if private else 0.0)
     kinds: dict[str, NoiseKind] = {}
     for qid, weight in weights.quantities.items():
-        if explicit[qid] is not None:
-            kinds[qid] = explicit[qid]  # type: ignore[assignment]
+        wanted = explicit[qid]
+        if wanted is not None:
+            kinds[qid] = wanted
             continue
         q = quantities[qid]
         q_eps = epsilon * weight / total
@@ -292,7 +293,7 @@ def _selection_plan(
 ) -> SelectionPlan:
     mode = _mode(query)
     if mode != "private":
-        return SelectionPlan(mode=mode)  # type: ignore[arg-type]
+        return SelectionPlan(mode=mode)
     partitions = query.partitions
     min_units = partitions.min_privacy_units if partitions else 1
     l0 = query.contribution_bounds.max_partitions_contributed
