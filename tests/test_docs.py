@@ -114,6 +114,7 @@ def test_the_tests_the_docs_name_exist() -> None:
 def test_the_checks_catch_a_renamed_name(monkeypatch: pytest.MonkeyPatch) -> None:
     from dprun.mechanisms import noise
 
+    test_where_each_formula_lives_names_what_exists()  # every module named is imported now, whole
     monkeypatch.delattr(noise, "add_noise")
     with pytest.raises(AssertionError, match="add_noise"):
         test_where_each_formula_lives_names_what_exists()

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from dprun.engines import release_steps
 from dprun.engines.polars_steps import (
     GLOBAL_KEY,
     LEAF,
@@ -45,14 +46,6 @@ from dprun.engines.polars_steps import (
     row_units,
     scaled_partial,
     sink,
-)
-from dprun.engines.release_steps import (
-    chosen_partitions,
-    partition_keys,
-    public_keys,
-    release_table,
-    tree_shape,
-    with_all_keys,
 )
 from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
 from dprun.mechanisms.quantile_tree import answer_quantiles, unit_weight_expr
@@ -76,24 +69,24 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
 
     `workdir` is a private temporary folder for intermediate files (the caller removes it).
     """
-    keys = partition_keys(plan)
+    keys = release_steps.partition_keys(plan)
     seed = source.hash_seeds()[0]
     bounding = _bounding(plan, info, keys, seed, workdir)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        chosen = chosen_partitions(plan, bounding.unit_counts(), source)
+        chosen = release_steps.chosen_partitions(plan, bounding.unit_counts(), source)
         bounding.restrict(chosen, rebound=plan.selection.second_bounding)
-        sums = with_all_keys(bounding.partition_sums(), chosen, plan)
+        sums = release_steps.with_all_keys(bounding.partition_sums(), chosen, plan)
     elif mode == "private":
         sums = bounding.partition_sums()
     else:
-        sums = with_all_keys(bounding.partition_sums(), public_keys(plan), plan)
+        sums = release_steps.with_all_keys(bounding.partition_sums(), release_steps.public_keys(plan), plan)
 
     def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
         # Only the hash path runs quantile trees (`packable` sends them there).
         return bounding.quantiles(partitions, source) if isinstance(bounding, HashBounding) else {}
 
-    return release_table(plan, sums, source, quantiles)
+    return release_steps.release_table(plan, sums, source, quantiles)
 
 
 def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> Bounding:
@@ -204,7 +197,8 @@ def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys:
     """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
     assert quantity.column is not None
-    leaves = rows.select(*pair, tree_shape(quantity).leaf_expr(quantity.column).alias(LEAF)).drop_nulls(LEAF)
+    leaf = release_steps.tree_shape(quantity).leaf_expr(quantity.column)
+    leaves = rows.select(*pair, leaf.alias(LEAF)).drop_nulls(LEAF)
     per_pair = leaves.group_by(pair).agg(pl.len().cast(pl.Int64).alias(PRESENT))
     weight = unit_weight_expr(pl.col(PRESENT), plan.max_rows)
     return leaves.join(per_pair, on=pair, nulls_equal=True).select(*pair, LEAF, weight.alias(WEIGHT))
@@ -232,7 +226,8 @@ def _quantiles(
         table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
             pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
     levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    answers = answer_quantiles(table, partitions.height, tree_shape(quantity), levels, noisy.noise, source)
+    shape = release_steps.tree_shape(quantity)
+    answers = answer_quantiles(table, partitions.height, shape, levels, noisy.noise, source)
     return {level: answers[:, index] for index, level in enumerate(levels)}
 
 

@@ -49,15 +49,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from dprun.engines import release_steps
 from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT
-from dprun.engines.release_steps import (
-    chosen_partitions,
-    partition_keys,
-    public_keys,
-    release_table,
-    tree_shape,
-    with_all_keys,
-)
 from dprun.errors import DataError, DprunError, ExitCode
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS, answer_quantiles
 from dprun.mechanisms.quantities import Quantity
@@ -242,7 +235,7 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
     whenever every unit stays within L0 partitions (the engines' keyed hashes differ, so
     which L0 partitions a heavier unit keeps differs; both choices are uniform).
     """
-    keys = partition_keys(plan)
+    keys = release_steps.partition_keys(plan)
     seed = source.hash_seeds()[0]
     with _spark_errors():
         rows = _rows(spark, plan, info, keys)
@@ -254,7 +247,7 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
                 return {q.quantity.id: _quantiles(q, plan, rows, bounded, partitions, keys, source)
                         for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
 
-            return release_table(plan, sums, source, quantiles)
+            return release_steps.release_table(plan, sums, source, quantiles)
         finally:
             partials.unpersist()
 
@@ -266,7 +259,7 @@ def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Sp
     deterministic function of the data, the run's hash key and the selection draws).
     Columns: partition keys, UNITS, then one Int128 column per non-quantile quantity id.
     """
-    keys = partition_keys(plan)
+    keys = release_steps.partition_keys(plan)
     seed = source.hash_seeds()[0]
     with _spark_errors():
         partials = _partials(_rows(spark, plan, info, keys), plan, keys)
@@ -285,17 +278,18 @@ def _bounded_sums(
     if mode == "private" and plan.selection.mechanism != "released_count":
         # col : (partition keys, privacy units after the first bounding), collected once
         counts = bounded.groupBy(*_cols(keys)).agg(F().count(F().lit(1)).alias(UNITS))
-        chosen = chosen_partitions(plan, _collect(counts, {**key_schema, UNITS: pl.Int64}), source)
+        chosen = release_steps.chosen_partitions(plan, _collect(counts, {**key_schema, UNITS: pl.Int64}), source)
         chosen_frame = _to_spark(spark, chosen)
         if plan.selection.second_bounding:
             bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
         else:
             bounded = _semi(bounded, chosen_frame, keys)
-        sums = with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
+        sums = release_steps.with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
     elif mode == "private":
         sums = _partition_sums(bounded, plan, keys, key_schema)
     else:
-        sums = with_all_keys(_partition_sums(bounded, plan, keys, key_schema), public_keys(plan), plan)
+        sums = release_steps.with_all_keys(_partition_sums(bounded, plan, keys, key_schema),
+                                           release_steps.public_keys(plan), plan)
     return sums, bounded
 
 
@@ -440,7 +434,7 @@ def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: li
     from pyspark.sql import Window
 
     f = F()
-    shape = tree_shape(quantity)
+    shape = release_steps.tree_shape(quantity)
     assert quantity.column is not None
     pair = [*plan.privacy_unit, *keys]
     value = _col(quantity.column)
@@ -484,7 +478,8 @@ def _quantiles(
     table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
         pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
     levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    answers = answer_quantiles(table, partitions.height, tree_shape(quantity), levels, noisy.noise, source)
+    shape = release_steps.tree_shape(quantity)
+    answers = answer_quantiles(table, partitions.height, shape, levels, noisy.noise, source)
     return {level: answers[:, index] for index, level in enumerate(levels)}
 
 
