@@ -47,6 +47,7 @@ from dprun.ledger import open_ledger
 from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
+from dprun.spec.rules import report_files
 from dprun.spec.strict_rows import check_rows
 from dprun.verify import Verified, sha256_of, verify_release
 
@@ -63,6 +64,7 @@ __all__ = [
     "Verified",
     "abandon_release",
     "explain",
+    "explain_card",
     "export_ledger",
     "find_ledger",
     "import_ledger",
@@ -123,6 +125,14 @@ def explain(validated: ValidatedSpec) -> dict[str, Any]:
     from dprun.report import explain as explain_plan
 
     return explain_plan(plan(validated))
+
+
+def explain_card(validated: ValidatedSpec) -> str:
+    """The release card (`report.html`) of the plan, before any data is read: the budget split,
+    the keep curves and each metric's accuracy, without released values."""
+    from dprun.card import release_card
+
+    return release_card(plan(validated))
 
 
 def spec_json_schema() -> dict[str, Any]:
@@ -244,9 +254,8 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
     from dprun.engines.polars_steps import run_failure
     from dprun.report import input_fingerprints
 
-    report_md = the_plan.report_path.with_suffix(".md")
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
-    refuse_existing([*targets, (the_plan.report_path, True), (report_md, True)])
+    refuse_existing([*targets, *((path, True) for path in report_files(the_plan.report_path))])
     for name in sorted({q.input for q in the_plan.queries}):
         if progress is not None and validated.inputs[name].format != "parquet":
             progress(f"checking the rows of input {name}")
@@ -299,10 +308,15 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
     `published` gets True appended the moment the outputs are committed: from then on the
     release exists, and its reservation must never be abandoned.
     """
+    from dprun.card import release_card
     from dprun.render import explanation_markdown
     from dprun.report import release_report
 
-    report_md = the_plan.report_path.with_suffix(".md")
+    _, report_md, report_html = report_files(the_plan.report_path)
+    released_on = _now()[:10]
+    # Drawn before staging starts (matplotlib takes a while): publication itself stays short.
+    card = release_card(the_plan, tables, {"release_id": release_id, "released_on": released_on,
+                                           "non_private_test_seed": source.is_test_seed})
     digests: dict[Path, str] = {}
     recorded = None
     with staged(store_of(the_plan.report_path), release_id) as staging:
@@ -312,11 +326,13 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
         report = release_report(the_plan, {name: table.height for name, table in tables.items()},
                                 {q.name: (_relative(q.output_path, the_plan), digests[q.output_path])
                                  for q in the_plan.queries},
-                                release_id, _now()[:10], source.is_test_seed)
+                                release_id, released_on, source.is_test_seed)
         staging.write(the_plan.report_path, _hashed(
             lambda p: p.write_text(json.dumps(report, indent=2) + "\n"), the_plan.report_path, digests))
         staging.write(report_md, _hashed(
             lambda p: p.write_text(explanation_markdown(report, "DP release")), report_md, digests))
+        staging.write(report_html, _hashed(
+            lambda p: p.write_text(card), report_html, digests))
         if checkpoint is not None:
             checkpoint()
         # Publication and marking its ledger entry go together: a signal now waits until both are done.
@@ -324,7 +340,7 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
             staging.commit()
             published.append(True)
             if reserved is not None:
-                recorded = _record(reserved, the_plan, report_md, digests)
+                recorded = _record(reserved, the_plan, digests)
             if on_published is not None:
                 on_published()
     return report, recorded
@@ -460,9 +476,10 @@ def _require_ledger_apart(validated: ValidatedSpec, location: ledger_location.Lo
         "(an input, a public key file, the spec, an output or the report)"))])
 
 
-def _record(reserved: _Reserved, the_plan: Plan, report_md: Path,
+def _record(reserved: _Reserved, the_plan: Plan,
             digests: dict[Path, str]) -> tuple[dict[str, Any], ledger_entries.Status]:
     """Mark the reservation published, with every file's sha256. The outputs are committed already."""
+    _, report_md, report_html = report_files(the_plan.report_path)
     entry = {
         **reserved.entry,
         "published_at": _now(),
@@ -470,6 +487,7 @@ def _record(reserved: _Reserved, the_plan: Plan, report_md: Path,
                     for q in the_plan.queries],
         "report": {"path": str(the_plan.report_path), "sha256": digests[the_plan.report_path]},
         "report_markdown": {"path": str(report_md), "sha256": digests[report_md]},
+        "report_html": {"path": str(report_html), "sha256": digests[report_html]},
     }
     try:
         return reserved.book.publish(reserved.release, entry)

@@ -75,17 +75,21 @@ def validate(spec: Path, fmt: str) -> None:
 
 @cli.command("explain-budget")
 @spec_argument
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "html"]), default="text", show_default=True)
 @ledger_option
 def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
     """Show how the budget is spent and how accurate each number will be; reads no data rows.
 
     With a ledger, also what the spec's dataset has spent so far and what remains.
+    `--format html` prints the release card (report.html) without released values.
     """
     from dprun import api
     from dprun.render import explanation_markdown, ledger_status_lines, print_explanation
 
     validated = api.validate(spec)
+    if fmt == "html":
+        click.echo(api.explain_card(validated), nl=False)
+        return
     explanation = api.explain(validated)
     status = api.ledger_status(validated, ledger)
     explanation["ledger"] = None if status is None else status.as_dict()

@@ -27,7 +27,7 @@ SECRET_VALUE = 987654.321
 SECRET_TEXT = re.compile(r"SECRET-ID|987[,_ ]?654[.,]321|9\.876543\d*e\+?0*5", re.IGNORECASE)
 SECRET_BYTES = (SECRET_ID.encode(), struct.pack("<d", SECRET_VALUE), struct.pack(">d", SECRET_VALUE))
 PRE_EXISTING = b"pre-existing output: a failed run must leave these bytes alone\n"
-OUTPUTS = ("out/q.parquet", "out/report.json", "out/report.md")
+OUTPUTS = ("out/q.parquet", "out/report.json", "out/report.md", "out/report.html")
 
 
 def planted(rng: np.random.Generator, rows: int = 600, shops: tuple[str, ...] = ("a", "b")) -> pl.DataFrame:

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dprun", "dprun.errors", "dprun.malloc_tuning"),
     ("dprun.mechanisms", "dprun.spec", "dprun.ledger", "dprun.publish", "dprun.verify"),
     ("dprun.plan", "dprun.planner", "dprun.scaffold"),
-    ("dprun.postprocess", "dprun.report", "dprun.render"),
+    ("dprun.postprocess", "dprun.report", "dprun.render", "dprun.card"),
     ("dprun.engines",),
     ("dprun.api",),
     ("dprun.cli",),

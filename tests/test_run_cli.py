@@ -172,7 +172,7 @@ def test_a_failed_run_leaves_existing_outputs_byte_identical_even_with_overwrite
     spec = two_query_spec(tmp_path, rng, "late.csv")
     run_ok(spec, seed)
     before = digest(files_under(tmp_path / "out"))
-    assert set(before) == {"q1.parquet", "q2.csv", "report.json", "report.md"}, before
+    assert set(before) == {"q1.parquet", "q2.csv", "report.json", "report.md", "report.html"}, before
 
     write_csv_with_a_late_bad_value(tmp_path / "late.csv", rng, bad="not-a-number")
     result = run(spec, seed + 1, "--overwrite")
@@ -258,7 +258,7 @@ def test_a_signal_after_publication_lets_the_run_finish_and_succeed(
     assert "nothing was published" not in everything(result), f"seed={seed}: {everything(result)}"
     assert "total: ε=" in result.stdout, f"seed={seed}: the summary was cut short: {result.stdout}"
     published = sorted(files_under(tmp_path / "out"))
-    assert published == ["q1.parquet", "q2.csv", "report.json", "report.md"], f"seed={seed}: {published}"
+    assert published == ["q1.parquet", "q2.csv", "report.html", "report.json", "report.md"], f"seed={seed}: {published}"
 
 
 # --- overwriting --------------------------------------------------------------------------

@@ -112,8 +112,9 @@ def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
 def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
     inputs = _read_paths(spec, base_dir, spec_path)
     report = (base_dir / spec.report).resolve()
-    if {report, _markdown_beside(report)} & inputs:
-        yield ("report",), "the report (or the report.md beside it) would overwrite a file this spec reads"
+    if set(report_files(report)) & inputs:
+        yield ("report",), ("the report (or the report.md or report.html beside it) would overwrite a file this "
+                            "spec reads")
     seen: dict[Path, str] = {}
     for index, query in enumerate(spec.queries):
         target = (base_dir / query.output.path).resolve()
@@ -122,8 +123,8 @@ def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[F
             yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
         if target in inputs:
             yield at, "the output path is a file this spec reads (an input, a public key file or the spec)"
-        if target in (report, _markdown_beside(report)):
-            yield at, "the output path is the report's path (report.json and the report.md beside it)"
+        if target in report_files(report):
+            yield at, "the output path is the report's path (report.json and the report.md and report.html beside it)"
         if target.suffix.lower() not in (".parquet", ".csv") and query.output.format is None:
             yield at, "cannot tell the output format: use a .parquet or .csv suffix, or set `format`"
         seen[target] = query.name
@@ -220,12 +221,13 @@ def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]
     """Every file a run of the spec reads or writes, resolved."""
     report = (base_dir / spec.report).resolve()
     outputs = {(base_dir / query.output.path).resolve() for query in spec.queries}
-    return _read_paths(spec, base_dir, spec_path) | outputs | {report, _markdown_beside(report)}
+    return _read_paths(spec, base_dir, spec_path) | outputs | set(report_files(report))
 
 
-def _markdown_beside(report: Path) -> Path:
-    """report.md beside the report; a path without a name (`/`) is refused for its suffix anyway."""
-    return report.with_suffix(".md") if report.name else report
+def report_files(report: Path) -> tuple[Path, ...]:
+    """The report and what is published beside it: report.md and the card, report.html.
+    A path without a name (`/`) is refused for its suffix anyway."""
+    return (report, report.with_suffix(".md"), report.with_suffix(".html")) if report.name else (report,)
 
 
 def _listed_twice(columns: list[str], at: FieldPath) -> Iterator[Finding]:

@@ -1,0 +1,300 @@
+"""The release card: `report.html`, one self-contained page a person looks at.
+
+Per release: the guarantee and how it was accounted, the budget split as a chart, and per
+query its partitions (for a private selection, the chance that a partition is kept
+against its number of privacy units), its contribution bounds, and per metric the
+released values with their 95% intervals, as a chart of the largest partitions and a
+sortable table of all. Before a run (`explain-budget --format html`) the same card
+without released values.
+
+Only DP outputs (the released tables) and public facts (the plan) go in, as in the
+other reports. Charts are static SVG drawn by matplotlib and inlined, with one small
+inline script that sorts the tables: the page fetches nothing, opens offline and prints
+as it shows. matplotlib rather than a JavaScript charting library: its SVG needs no
+runtime to vendor into the page (Vega-Lite's would add about a megabyte of script, or
+a headless renderer), and it is the plotting library every Python data stack already has.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import polars as pl
+    from matplotlib.figure import Figure
+
+    from dprun.plan import Plan, QueryPlan
+
+# Partitions drawn per metric chart (the largest released values); the table has them all.
+CHART_PARTITIONS = 15
+KEEP_CURVE_POINTS = 200
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; line-height: 1.4; }
+h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 2.5rem; }
+.facts { color: #555; } .warning { background: #fde2e1; border: 2px solid #c0392b; padding: 0.8rem; }
+figure.chart { margin: 1rem 0; } figure.chart svg { max-width: 100%; height: auto; }
+figcaption { color: #555; font-size: 0.9rem; }
+table { border-collapse: collapse; font-size: 0.9rem; margin: 0.5rem 0 1rem; }
+th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+th { background: #f3f3f3; cursor: pointer; } th.key, td.key { text-align: left; }
+@media print { th { cursor: auto; } h2 { break-before: auto; } figure.chart { break-inside: avoid; } }
+"""
+# Click a column's header to sort its table by it (numbers as numbers), again to reverse.
+SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (header, column) {
+    header.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var down = header.dataset.order !== "down";
+      rows.sort(function (a, b) {
+        var x = a.cells[column].dataset.value, y = b.cells[column].dataset.value;
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var order = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+        return down ? -order : order;
+      });
+      header.dataset.order = down ? "down" : "up";
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+document.body.dataset.ready = "1";
+"""
+
+
+def release_card(plan: Plan, tables: dict[str, pl.DataFrame] | None = None,
+                 release: dict[str, Any] | None = None) -> str:
+    """The card's HTML: of a release, with its tables by query name and `release` (its
+    `release_id`, `released_on` and `non_private_test_seed`, as in report.json); before a
+    run, of the plan alone.
+
+    Drawn from the plan (`report.explain`) and the released tables only, so it can be drawn
+    before publication starts and the all-or-nothing switch stays short.
+    """
+    from dprun.report import explain
+
+    report = {**explain(plan), **(release or {})}
+    title = f"DP release: {report['spec'] or 'unnamed spec'}" if tables is not None else \
+        f"DP release plan: {report['spec'] or 'unnamed spec'}"
+    parts = [f"<h1>{_text(title)}</h1>", _facts(report, tables is not None)]
+    if report.get("non_private_test_seed"):
+        parts.append('<p class="warning"><strong>Not private:</strong> made with a test seed (--seed); the noise '
+                     "is reproducible, so these numbers protect no one. Never publish them.</p>")
+    parts.append("<h2>How the budget is spent</h2>")
+    caption = ("ε per query, split between partition selection and the noisy quantities each metric is "
+               "computed from.")
+    if report["accounting"] == "pld":
+        caption += " Under pld accounting the release's total ε is less than the sum of these parts."
+    parts.append(_figure("budget", _budget_chart(report), caption))
+    for query, explained in zip(plan.queries, report["queries"], strict=True):
+        table = None if tables is None else tables[query.name]
+        parts.append(_query_section(query, explained, table))
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_text(title)}</title>\n'
+            f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
+
+
+def _facts(report: dict[str, Any], released: bool) -> str:
+    total, budget = report["total"], report["budget"]
+    lines = [f"Guarantee: ({_num(total['epsilon'])}, {_num(total['delta'])})-differential privacy per privacy "
+             f"unit, {report['accounting']} accounting (budget ε = {_num(budget['epsilon'])}, "
+             f"δ = {_num(budget['delta'])})."]
+    if released:
+        lines.append(f"Release {_text(str(report.get('release_id')))}, released on "
+                     f"{_text(str(report.get('released_on')))}.")
+    else:
+        lines.append("Planned from the spec and the input schemas; no data row was read.")
+    return "".join(f'<p class="facts">{line}</p>' for line in lines)
+
+
+def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFrame | None) -> str:
+    partitions = explained["partitions"]
+    bounds = explained["contribution_bounds"]
+    parts = [f"<h2>Query {_text(query.name)}</h2>",
+             f"<p>Each privacy unit contributes to at most {bounds['max_partitions_contributed']} partition(s) "
+             f"and at most {bounds['max_contributions_per_partition']} row(s) per partition.</p>",
+             f"<p>{_partitions_text(partitions, table)}</p>"]
+    keep = _keep_chart(query)
+    if keep is not None:
+        parts.append(_figure(f"keep-{query.name}", keep, "Chance that a partition is released against its number "
+                             "of privacy units (a partition's data, not its rows, decides)."))
+    if table is not None:
+        keys = list(query.group_by)
+        for metric in explained["metrics"]:
+            chart = _metric_chart(table, keys, metric)
+            if chart is not None:
+                parts.append(_figure(f"metric-{query.name}-{metric['name']}", chart, _metric_caption(metric)))
+        parts.append(_table(table, keys, explained["metrics"]))
+    else:
+        parts.append(_accuracy_table(explained["metrics"]))
+    return "\n".join(parts)
+
+
+def _partitions_text(partitions: dict[str, Any], table: pl.DataFrame | None) -> str:
+    released = "" if table is None else f" {table.height} partition(s) released."
+    if partitions["mode"] == "global":
+        return "One partition: the whole input." + released
+    if partitions["mode"] == "public":
+        return f"Public partitions: the {partitions['public_keys']} listed keys, each released." + released
+    text = f"Private partitions, chosen by {_text(str(partitions['selection']))}"
+    if partitions.get("units_for_50pct_keep") is not None:
+        text += (f": a partition with {partitions['units_for_50pct_keep']} privacy units is released with 50% "
+                 f"chance, with {partitions['units_for_95pct_keep']} with 95%")
+    return text + "." + released
+
+
+def _metric_caption(metric: dict[str, Any]) -> str:
+    half = metric.get("ci95_half_width")
+    what = f"{_text(metric['name'])} ({_text(metric['kind'])})"
+    if half is None:
+        return f"{what}: the largest released values; their interval depends on each partition's size (see the plan)."
+    return f"{what}: the largest released values, with 95% intervals (± {_num(half)})."
+
+
+# --- charts ------------------------------------------------------------------------------------
+
+
+def _figure(name: str, svg: str, caption: str) -> str:
+    return f'<figure class="chart" data-chart="{_text(name)}">{svg}<figcaption>{caption}</figcaption></figure>'
+
+
+def _new_figure(height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    # A Figure of its own, not pyplot: no global state, no GUI backend, safe in any thread.
+    return Figure(figsize=(8.0, height), layout="constrained")
+
+
+def _svg(figure: Figure) -> str:
+    buffer = io.StringIO()
+    # No date in the file, text as paths: the same release draws the same bytes, and the
+    # page needs no font of its own. A key with a character the bundled font lacks is drawn
+    # as a box in the chart (the table beside it shows the text): not worth a warning.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _budget_chart(report: dict[str, Any]) -> str:
+    queries = report["queries"]
+    segments_drawn = sum(len(q["quantities"]) + 1 for q in queries)
+    figure = _new_figure(1.2 + 0.6 * len(queries) + 0.12 * segments_drawn)
+    axes = figure.add_subplot()
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#9d755d"]
+    for row, query in enumerate(queries):
+        left = 0.0
+        segments = []
+        partitions = query["partitions"]
+        if partitions["mode"] == "private" and partitions.get("epsilon"):
+            segments.append(("selection", partitions["epsilon"]))
+        for quantity in query["quantities"]:
+            users = [m["name"] for m in query["metrics"] if quantity["id"] in m["quantities"]]
+            segments.append((f"{', '.join(users)} ({quantity['id']})", quantity["epsilon"]))
+        for index, (label, epsilon) in enumerate(segments):
+            color = "#999999" if label == "selection" else palette[index % len(palette)]
+            axes.barh(row, epsilon, left=left, color=color, edgecolor="white", label=f"{query['name']}: {label}")
+            left += epsilon
+    axes.set_yticks(range(len(queries)), [q["name"] for q in queries])
+    axes.invert_yaxis()
+    axes.set_xlabel("ε")
+    figure.legend(loc="outside lower center", ncols=1, fontsize=8, frameon=False)
+    return _svg(figure)
+
+
+def _keep_chart(query: QueryPlan) -> str | None:
+    from dprun.mechanisms.selection import keep_probability, units_to_keep
+
+    detail = query.selection.detail
+    if query.selection.mode != "private" or detail is None:
+        return None
+    half, most = units_to_keep(detail, 0.5), units_to_keep(detail, 0.95)
+    units = np.unique(np.linspace(0, math.ceil(most * 1.3) + 1, KEEP_CURVE_POINTS).astype(np.int64))
+    figure = _new_figure(2.6)
+    axes = figure.add_subplot()
+    axes.plot(units, keep_probability(detail, units), color="#4c78a8")
+    for n, p in ((half, 0.5), (most, 0.95)):
+        axes.plot([n], [p], "o", color="#e45756")
+        axes.annotate(f"{p:.0%} at {n} units", (n, p), textcoords="offset points", xytext=(8, -12), fontsize=8)
+    axes.set_xlabel("privacy units in the partition")
+    axes.set_ylabel("chance it is released")
+    axes.set_ylim(-0.02, 1.02)
+    return _svg(figure)
+
+
+def _metric_chart(table: pl.DataFrame, keys: list[str], metric: dict[str, Any]) -> str | None:
+    name = metric["name"]
+    values = table[name].to_numpy().astype(np.float64) if name in table.columns else np.array([])
+    finite = np.flatnonzero(np.isfinite(values))
+    if finite.size == 0:
+        return None
+    order = finite[np.argsort(-values[finite], kind="stable")][:CHART_PARTITIONS]
+    labels = [_key_label(table, keys, int(row)) for row in order]
+    figure = _new_figure(1.0 + 0.28 * len(order))
+    axes = figure.add_subplot()
+    half = metric.get("ci95_half_width")
+    axes.errorbar(values[order], range(len(order)), xerr=None if half is None else half, fmt="o",
+                  color="#4c78a8", ecolor="#7f7f7f", capsize=3)
+    axes.set_yticks(range(len(order)), labels)
+    axes.invert_yaxis()
+    axes.set_xlabel(name)
+    return _svg(figure)
+
+
+def _key_label(table: pl.DataFrame, keys: list[str], row: int) -> str:
+    if not keys:
+        return "all"
+    return " · ".join(str(table[key][row]) for key in keys)
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+
+def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]]) -> str:
+    columns = [*keys, *(m["name"] for m in metrics if m["name"] in table.columns)]
+    halves = {m["name"]: m.get("ci95_half_width") for m in metrics}
+    header = "".join(f'<th class="key">{_text(c)}</th>' if c in keys else
+                     f"<th>{_text(c)}{' (± 95%)' if halves.get(c) is not None else ''}</th>" for c in columns)
+    rows = []
+    for values in table.select(columns).iter_rows():
+        cells = []
+        for column, value in zip(columns, values, strict=True):
+            shown = _text(str(value)) if column in keys else _num(value)
+            if column not in keys and halves.get(column) is not None and value is not None:
+                shown += f" ± {_num(halves[column])}"
+            css = ' class="key"' if column in keys else ""
+            cells.append(f'<td{css} data-value="{_text(str(value))}">{shown}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return (f'<table class="sortable"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            "<p class=\"facts\">Click a column's header to sort by it.</p>")
+
+
+def _accuracy_table(metrics: list[dict[str, Any]]) -> str:
+    rows = []
+    for metric in metrics:
+        half = metric.get("ci95_half_width")
+        accuracy = "depends on each partition's size" if half is None else f"± {_num(half)}"
+        rows.append(f'<tr><td class="key" data-value="{_text(metric["name"])}">{_text(metric["name"])}</td>'
+                    f'<td class="key" data-value="{_text(metric["kind"])}">{_text(metric["kind"])}</td>'
+                    f'<td data-value="{metric["epsilon"]}">{_num(metric["epsilon"])}</td>'
+                    f'<td data-value="{half if half is not None else ""}">{accuracy}</td></tr>')
+    return ('<table class="sortable"><thead><tr><th class="key">metric</th><th class="key">kind</th><th>ε</th>'
+            f'<th>95% interval</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _text(value: str) -> str:
+    return html.escape(value, quote=True)
