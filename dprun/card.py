@@ -101,9 +101,9 @@ def release_card(plan: Plan, tables: dict[str, pl.DataFrame] | None = None,
 
 def _facts(report: dict[str, Any], released: bool) -> str:
     total, budget = report["total"], report["budget"]
-    lines = [f"Guarantee: ({_num(total['epsilon'])}, {_num(total['delta'])})-differential privacy per privacy "
-             f"unit, {report['accounting']} accounting (budget ε = {_num(budget['epsilon'])}, "
-             f"δ = {_num(budget['delta'])})."]
+    lines = [(f"Guarantee: ({_num(total['epsilon'])}, {_num(total['delta'])})-differential privacy per privacy "
+              f"unit, {report['accounting']} accounting (budget ε = {_num(budget['epsilon'])}, "
+              f"δ = {_num(budget['delta'])}).")]
     if released:
         lines.append(f"Release {_text(str(report.get('release_id')))}, released on "
                      f"{_text(str(report.get('released_on')))}.")
@@ -116,8 +116,8 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
     partitions = explained["partitions"]
     bounds = explained["contribution_bounds"]
     parts = [f"<h2>Query {_text(query.name)}</h2>",
-             f"<p>Each privacy unit contributes to at most {bounds['max_partitions_contributed']} partition(s) "
-             f"and at most {bounds['max_contributions_per_partition']} row(s) per partition.</p>",
+             (f"<p>Each privacy unit contributes to at most {bounds['max_partitions_contributed']} partition(s) "
+              f"and at most {bounds['max_contributions_per_partition']} row(s) per partition.</p>"),
              f"<p>{_partitions_text(partitions, table)}</p>"]
     keep = _keep_chart(query)
     if keep is not None:
@@ -171,11 +171,14 @@ def _new_figure(height: float) -> Figure:
 
 
 def _svg(figure: Figure) -> str:
+    import matplotlib
+
     buffer = io.StringIO()
-    # No date in the file, text as paths: the same release draws the same bytes, and the
-    # page needs no font of its own. A key with a character the bundled font lacks is drawn
-    # as a box in the chart (the table beside it shows the text): not worth a warning.
-    with warnings.catch_warnings():
+    # No date, fixed element ids (matplotlib salts them with a random uuid by default), text
+    # as paths: the same release draws the same bytes, and the page needs no font of its
+    # own. A key with a character the bundled font lacks is drawn as a box in the chart
+    # (the table beside it shows the text): not worth a warning.
+    with warnings.catch_warnings(), matplotlib.rc_context({"svg.hashsalt": "dprun", "svg.fonttype": "path"}):
         warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()

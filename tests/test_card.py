@@ -112,3 +112,16 @@ def test_explain_budget_prints_the_card_before_any_data_is_read(tmp_path: Path) 
     card.write_text(page)
     dom, log, _ = in_browser(card, tmp_path)
     assert 'data-ready="1"' in dom and not console_errors(log)
+
+
+def test_the_same_release_draws_the_same_card(tmp_path: Path) -> None:
+    """No random element ids or dates: the card is a function of the plan, the tables and the release."""
+    from dprun import api
+    from dprun.card import release_card
+
+    folder = example_copy(tmp_path)
+    validated = api.validate(folder / "specs" / "restaurants_private.yaml")
+    plan = api.plan(validated)
+    result = api.run(folder / "specs" / "restaurants_private.yaml", seed=7)
+    release = {"release_id": "0" * 16, "released_on": "2026-01-01", "non_private_test_seed": True}
+    assert release_card(plan, result.tables, release) == release_card(plan, result.tables, release)
