@@ -79,6 +79,7 @@ __all__ = [
     "spec_json_schema",
     "validate",
     "verify",
+    "write_scaffold",
 ]
 
 # Types the API's functions return, under the names the API documents.
@@ -445,6 +446,17 @@ def _location(ledger: str | Path) -> ledger_location.Location:
 def scaffold_placeholders(text: str) -> int:
     """How many placeholders a `scaffold` text leaves to fill."""
     return len(scaffold_mod.placeholder_lines(text))
+
+
+def write_scaffold(data_path: str | Path, spec_path: str | Path, fmt: str | None = None, force: bool = False) -> str:
+    """`scaffold`, written to `spec_path` whole or not at all (a temporary file renamed into
+    place); an existing file is replaced only with `force` (else `OutputError`, exit 6)."""
+    target = Path(spec_path)
+    if target.exists() and not force:
+        raise OutputError(f"{target} exists already (use --force to replace it)")
+    text = scaffold(data_path, target, fmt)
+    write_whole(target, text.encode())
+    return text
 
 
 def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:

@@ -388,16 +388,10 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
     """
     from dprun import api
 
-    text = api.scaffold(datafile, output, fmt)
     if output is None:
-        click.echo(text, nl=False)
+        click.echo(api.scaffold(datafile, None, fmt), nl=False)
         return
-    if output.exists() and not force:
-        raise OutputError(f"{output} exists already (use --force to replace it)")
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"cannot write {output}: {exc.strerror or type(exc).__name__}") from None
+    text = api.write_scaffold(datafile, output, fmt, force)
     count = api.scaffold_placeholders(text)
     click.echo(f"wrote {output}: fill its {count} FILL_IN placeholders "
                f"(privacy unit and bounds), then run `dprun validate {output}`", err=True)
