@@ -122,14 +122,16 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
     keep = _keep_chart(query)
     if keep is not None:
         parts.append(_figure(f"keep-{query.name}", keep, "Chance that a partition is released against its number "
-                             "of privacy units (a partition's data, not its rows, decides)."))
+                             "of privacy units (units, not rows: each unit counts once)."))
     if table is not None:
         keys = list(query.group_by)
+        columns = {m.name: [c for c in m.output_columns if c in table.columns] for m in query.metrics}
         for metric in explained["metrics"]:
-            chart = _metric_chart(table, keys, metric)
-            if chart is not None:
-                parts.append(_figure(f"metric-{query.name}-{metric['name']}", chart, _metric_caption(metric)))
-        parts.append(_table(table, keys, explained["metrics"]))
+            for column in columns[metric["name"]]:
+                chart = _metric_chart(table, keys, column, metric)
+                if chart is not None:
+                    parts.append(_figure(f"metric-{query.name}-{column}", chart, _metric_caption(column, metric)))
+        parts.append(_table(table, keys, explained["metrics"], columns))
     else:
         parts.append(_accuracy_table(explained["metrics"]))
     return "\n".join(parts)
@@ -148,9 +150,9 @@ def _partitions_text(partitions: dict[str, Any], table: pl.DataFrame | None) -> 
     return text + "." + released
 
 
-def _metric_caption(metric: dict[str, Any]) -> str:
+def _metric_caption(column: str, metric: dict[str, Any]) -> str:
     half = metric.get("ci95_half_width")
-    what = f"{_text(metric['name'])} ({_text(metric['kind'])})"
+    what = f"{_text(column)} ({_text(metric['kind'])})"
     if half is None:
         return f"{what}: the largest released values; their interval depends on each partition's size (see the plan)."
     return f"{what}: the largest released values, with 95% intervals (± {_num(half)})."
@@ -231,9 +233,8 @@ def _keep_chart(query: QueryPlan) -> str | None:
     return _svg(figure)
 
 
-def _metric_chart(table: pl.DataFrame, keys: list[str], metric: dict[str, Any]) -> str | None:
-    name = metric["name"]
-    values = table[name].to_numpy().astype(np.float64) if name in table.columns else np.array([])
+def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, metric: dict[str, Any]) -> str | None:
+    values = table[name].to_numpy().astype(np.float64)
     finite = np.flatnonzero(np.isfinite(values))
     if finite.size == 0:
         return None
@@ -259,8 +260,11 @@ def _key_label(table: pl.DataFrame, keys: list[str], row: int) -> str:
 # --- tables ------------------------------------------------------------------------------------
 
 
-def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]]) -> str:
-    columns = [*keys, *(m["name"] for m in metrics if m["name"] in table.columns)]
+def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]],
+           metric_columns: dict[str, list[str]]) -> str:
+    """Every released row; `metric_columns` is each metric's output columns (a column per level
+    of a multi-level quantile)."""
+    columns = [*keys, *(c for m in metrics for c in metric_columns[m["name"]])]
     halves = {m["name"]: m.get("ci95_half_width") for m in metrics}
     header = "".join(f'<th class="key">{_text(c)}</th>' if c in keys else
                      f"<th>{_text(c)}{' (± 95%)' if halves.get(c) is not None else ''}</th>" for c in columns)

@@ -125,3 +125,18 @@ def test_the_same_release_draws_the_same_card(tmp_path: Path) -> None:
     result = api.run(folder / "specs" / "restaurants_private.yaml", seed=7)
     release = {"release_id": "0" * 16, "released_on": "2026-01-01", "non_private_test_seed": True}
     assert release_card(plan, result.tables, release) == release_card(plan, result.tables, release)
+
+
+def test_every_level_of_a_quantile_metric_is_charted_and_tabled(tmp_path: Path) -> None:
+    folder = example_copy(tmp_path)
+    spec = folder / "specs" / "quantiles.yaml"
+    spec.write_text((folder / "specs" / "restaurants_public.yaml").read_text().replace(
+        "      - {name: visits, kind: count}\n",
+        "      - {name: visits, kind: count}\n"
+        "      - {name: spend_q, kind: quantile, column: spend_eur, bounds: [0, 60], q: [0.1, 0.9]}\n"))
+    result = invoke_clean("run", str(spec), "--overwrite", "--seed", "3")
+    assert result.exit_code == 0, everything(result)
+    text = (folder / "out" / "public" / "report.html").read_text()
+    for column in ("spend_q_p10", "spend_q_p90"):
+        assert f'data-chart="metric-visits_per_restaurant-{column}"' in text
+        assert f"<th>{column}</th>" in text
