@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 FORMATS = click.Choice(["text", "json"])
 spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=False))
+# The name `dprun.ledger.location` reads; written out here so that `--help` imports nothing more
+# (tests/test_boundaries.py checks the two agree).
 LEDGER_VARIABLE = "DPRUN_LEDGER"
 LEDGER_HELP = ("Release ledger: a file (SQLite) or a postgresql:// URL; overrides "
                f"${LEDGER_VARIABLE} and the spec's `ledger:`.")

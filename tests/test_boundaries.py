@@ -134,3 +134,10 @@ def test_the_api_s_public_face_exists() -> None:
     missing = [name for name in api.__all__ if not hasattr(api, name)]
     assert not missing, f"api.__all__ names what api does not have: {missing}"
     assert {"RunResult", "ValidatedSpec", "Plan", "Status", "Verified", "run", "validate"} <= set(api.__all__)
+
+
+def test_the_cli_names_the_ledger_variable_the_ledger_reads() -> None:
+    from dprun import cli
+    from dprun.ledger import location
+
+    assert cli.LEDGER_VARIABLE == location.ENVIRONMENT_VARIABLE
