@@ -47,7 +47,7 @@ from dprun.ledger import open_ledger
 from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
-from dprun.spec.rules import report_files
+from dprun.spec.rules import ledger_file_problem, report_files
 from dprun.spec.strict_rows import check_rows
 from dprun.verify import Verified, sha256_of, verify_release
 
@@ -213,27 +213,28 @@ def run(
         reserved = _Reserved(book, release, book.reserve(release, pending, new_release))
     elif progress is not None:
         progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
-    published: list[bool] = []
     try:
         tables = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress, checkpoint,
                           reserved)
         report, recorded = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
-                                    on_published, published)
+                                    on_published)
     except BaseException:
-        if reserved is not None and not published:
+        if reserved is not None and not reserved.published:
             reserved.abandon()
         raise
     entry, after = recorded if recorded is not None else (None, None)
     return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Reserved:
-    """A run's reservation in the ledger: the store, the release, and its pending entry."""
+    """A run's reservation in the ledger: the store, the release, its pending entry, and
+    whether the outputs were committed (from then on it must never be abandoned)."""
 
     book: SqlLedger
     release: ledger_entries.Release
     entry: dict[str, Any]
+    published: bool = False
 
     def abandon(self) -> None:
         """Mark the reservation abandoned after a failure that published nothing.
@@ -302,12 +303,9 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,
              release_id: str, reserved: _Reserved | None, checkpoint: Callable[[], None] | None,
              on_published: Callable[[], None] | None,
-             published: list[bool]) -> tuple[dict[str, Any], tuple[dict[str, Any], ledger_entries.Status] | None]:
+             ) -> tuple[dict[str, Any], tuple[dict[str, Any], ledger_entries.Status] | None]:
     """Stage every output and the reports, commit them at once, then mark the reservation published;
     returns the report, and the entry as marked with the dataset's status after it (None without a ledger).
-
-    `published` gets True appended the moment the outputs are committed: from then on the
-    release exists, and its reservation must never be abandoned.
     """
     from dprun.card import release_card
     from dprun.render import explanation_markdown
@@ -339,8 +337,8 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
         # Publication and marking its ledger entry go together: a signal now waits until both are done.
         with _signals_deferred():
             staging.commit()
-            published.append(True)
             if reserved is not None:
+                reserved.published = True
                 recorded = _record(reserved, the_plan, digests)
             if on_published is not None:
                 on_published()
@@ -375,7 +373,7 @@ def read_ledger(ledger: str | Path) -> list[dict[str, Any]]:
 
     Raises `LedgerError` (exit 6) if it is corrupt or cannot be reached.
     """
-    return open_ledger(_location(ledger)).entries()
+    return open_ledger(_given(ledger)).entries()
 
 
 def import_ledger(jsonl_path: str | Path, ledger: str | Path) -> int:
@@ -384,7 +382,7 @@ def import_ledger(jsonl_path: str | Path, ledger: str | Path) -> int:
     Returns how many entries were imported.
     """
     entries = ledger_jsonl.read_lines(Path(jsonl_path))
-    open_ledger(_location(ledger)).import_entries(entries)
+    open_ledger(_given(ledger)).import_entries(entries)
     return len(entries)
 
 
@@ -404,6 +402,13 @@ def find_ledger(ledger: str | Path | None = None, spec: str | Path | None = None
     return ledger_location.resolve(loaded, ledger)
 
 
+def _given(ledger: str | Path) -> Location:
+    """The ledger a caller named (relative paths from the working folder)."""
+    located = find_ledger(ledger)
+    assert located is not None, "a ledger was named"
+    return located
+
+
 def ledger_name(location: Location) -> str:
     """A ledger's location as it may be shown: a URL without its password."""
     return ledger_location.shown(location)
@@ -419,7 +424,7 @@ def abandon_release(number: int, ledger: str | Path) -> dict[str, Any]:
 
     Refused if its report on this machine shows that it was published.
     """
-    book = open_ledger(_location(ledger))
+    book = open_ledger(_given(ledger))
     entry = next((e for e in book.entries() if e["release"] == number), None)
     if entry is not None and _was_published(entry):
         raise ledger_entries.LedgerError(
@@ -435,12 +440,6 @@ def _was_published(entry: dict[str, Any]) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return isinstance(report, dict) and report.get("release_id") == entry.get("release_id")
-
-
-def _location(ledger: str | Path) -> ledger_location.Location:
-    located = ledger_location.resolve(None, ledger)
-    assert located is not None
-    return located
 
 
 def scaffold_placeholders(text: str) -> int:
@@ -478,14 +477,9 @@ def _require_ledger_apart(validated: ValidatedSpec, location: ledger_location.Lo
     """A ledger given by --ledger or $DPRUN_LEDGER gets the check `validate` makes of the spec's `ledger:`."""
     if not isinstance(location, Path):
         return
-    if not location.name or location.is_dir():
-        raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
-            f"the ledger {location} is a folder: give the path of a file (e.g. ledger.db)"))])
-    if ledger_location.companion_files(location).isdisjoint(validated.loaded.published_and_read()):
-        return
-    raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", (
-        f"the ledger {location} (or the journal SQLite keeps beside it) is a file this spec reads or publishes "
-        "(an input, a public key file, the spec, an output or the report)"))])
+    problem = ledger_file_problem(location, validated.loaded.published_and_read())
+    if problem is not None:
+        raise SpecError([Problem(str(validated.loaded.path), None, None, "ledger", problem)])
 
 
 def _record(reserved: _Reserved, the_plan: Plan,

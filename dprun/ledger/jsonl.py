@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dprun.ledger.entries import LedgerError, entry_problem
-from dprun.ledger.store import numbered
+from dprun.ledger.entries import PUBLISHED, LedgerError, entry_problem
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -35,12 +34,19 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
         if problem:
             raise _bad_line(path, number, problem)
         entries.append(entry)
-    numbered_entries = list(numbered(entries))
+    numbered_entries = numbered(entries)
     for key in ("release", "release_id"):
         values = [entry.get(key) for entry in numbered_entries if entry.get(key) is not None]
         if len(values) != len(set(values)):
             raise LedgerError(f"{path} names a `{key}` twice; dprun will not guess which entry is right")
     return numbered_entries
+
+
+def numbered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries with their release numbers (their own where they have one, else their position)
+    and their states (a file ledger's entries were all published)."""
+    return [{**entry, "release": entry.get("release", position), "state": entry.get("state", PUBLISHED)}
+            for position, entry in enumerate(entries, start=1)]
 
 
 def lines(entries: list[dict[str, Any]]) -> str:

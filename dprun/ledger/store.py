@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -182,12 +182,6 @@ class SqlLedger(ABC):
                 _insert(cursor, entry)
 
         self._run(work, write=True)
-
-
-def numbered(entries: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Entries with their release numbers: their own where they have one, else their position."""
-    for position, entry in enumerate(entries, start=1):
-        yield {**entry, "release": entry.get("release", position), "state": entry.get("state", PUBLISHED)}
 
 
 def _insert(cursor: Cursor, entry: dict[str, Any]) -> None:

@@ -208,13 +208,21 @@ def _ledger_apart(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Findi
             yield ("ledger",), ("the ledger URL holds a password: keep it out of the spec (set PGPASSWORD, or use "
                                 "~/.pgpass or a service file; docs/ledger.md)")
         return
-    ledger = (base_dir / spec.ledger).resolve()
+    problem = ledger_file_problem((base_dir / spec.ledger).resolve(), published_and_read(spec, base_dir, spec_path))
+    if problem is not None:
+        yield ("ledger",), problem
+
+
+def ledger_file_problem(ledger: Path, touched: set[Path]) -> str | None:
+    """Why a ledger file cannot be at `ledger`, given every file a run `touched` (reads or
+    publishes), or None: a folder, or a file the run reads or publishes (the ledger, or the
+    journal SQLite keeps beside it). `validate` asks it of `ledger:`, `run` of --ledger too."""
     if not ledger.name or ledger.is_dir():
-        yield ("ledger",), "the ledger path is a folder: give the path of a file (e.g. ledger.db)"
-        return
-    if not companion_files(ledger).isdisjoint(published_and_read(spec, base_dir, spec_path)):
-        yield ("ledger",), ("the ledger (or the journal SQLite keeps beside it) is a file this spec reads or "
-                            "publishes (an input, a public key file, the spec, an output or the report)")
+        return f"the ledger path is a folder ({ledger}): give the path of a file (e.g. ledger.db)"
+    if not companion_files(ledger).isdisjoint(touched):
+        return (f"the ledger {ledger} (or the journal SQLite keeps beside it) is a file this spec reads or "
+                "publishes (an input, a public key file, the spec, an output or the report)")
+    return None
 
 
 def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
