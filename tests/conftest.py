@@ -1,5 +1,9 @@
-"""Fixtures shared by the test folders: a real PostgreSQL server for the shared ledger's tests,
-and the command's allocator settings.
+"""Fixtures shared by the test folders: a seeded random source for statistical tests, a real
+PostgreSQL server for the shared ledger's tests, and the command's allocator settings.
+
+`seeded` draws a fresh seed from os.urandom for both the data and the noise. The seed is
+printed, recorded as a test property and put in every assertion message by `Seeded.why`;
+DPRUN_TEST_SEED=<seed> replays a failing test.
 
 The server is Debian's `postgresql` (`.ci/run` installs it): `initdb` in a temporary
 folder, started on a free loopback port with password authentication, stopped when the
@@ -17,19 +21,40 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dprun.malloc_tuning import keep_freed_memory
+from dprun.mechanisms.sampling import RandomSource
 
 POSTGRES_USER = "dprun"
 
 # The allocator settings `dprun` (the command) runs with: the audits' large numpy arrays are
 # then reused instead of mapped afresh, which halves their kernel time.
 keep_freed_memory()
+
+
+@dataclass(frozen=True)
+class Seeded:
+    seed: int
+    source: RandomSource
+    rng: np.random.Generator
+    test_id: str
+
+    def why(self, finding: str) -> str:
+        return f"{finding} [reproduce: DPRUN_TEST_SEED={self.seed} pytest '{self.test_id}']"
+
+
+@pytest.fixture
+def seeded(request: pytest.FixtureRequest, record_property: Callable[[str, object], None]) -> Seeded:
+    seed = int(os.environ.get("DPRUN_TEST_SEED") or int.from_bytes(os.urandom(16), "big"))
+    record_property("dprun_test_seed", seed)
+    print(f"DPRUN_TEST_SEED={seed}")
+    return Seeded(seed, RandomSource.from_seed(seed), np.random.default_rng(seed), request.node.nodeid)
 
 
 @dataclass(frozen=True)

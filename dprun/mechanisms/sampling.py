@@ -197,6 +197,37 @@ def bernoulli(source: RandomSource, p: np.ndarray) -> np.ndarray:
     return _bernoulli(source, p)
 
 
+def uniform_below(source: RandomSource, bound: int, n: int) -> np.ndarray:
+    """n exact independent uniform integers in [0, bound), uint64 (1 <= bound < 2**63)."""
+    if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound < 2**63:
+        raise ValueError(f"bound must be an int in [1, 2**63), got {bound!r}")
+    return _uniform_below(source, bound, _check_count(n))
+
+
+def bernoulli_exp_minus(source: RandomSource, whole: np.ndarray, numerator: np.ndarray, denominator: int) -> np.ndarray:
+    """Exact Bernoulli(exp(-γ)) for each γ = whole[i] + numerator[i]/denominator ([CKS20] Algorithm 1).
+
+    exp(-γ) = exp(-1)**whole · exp(-fraction): the coin succeeds when the first `whole`
+    Bernoulli(exp(-1)) coins all succeed (a geometric count of successes reaches `whole`)
+    and then a Bernoulli(exp(-fraction)) does. `whole` and `numerator` are non-negative
+    int64 arrays, numerator[i] <= denominator, and denominator < 2**63.
+    """
+    whole = np.asarray(whole, dtype=np.int64)
+    numerator = np.asarray(numerator, dtype=np.int64)
+    if whole.shape != numerator.shape or (whole < 0).any() or (numerator < 0).any() or (numerator > denominator).any():
+        raise ValueError("bernoulli_exp_minus needs whole >= 0 and 0 <= numerator <= denominator, alike in shape")
+    result = np.zeros(whole.shape, dtype=bool)
+    flat_whole, flat_numerator, flat_result = whole.reshape(-1), numerator.reshape(-1), result.reshape(-1)
+    alive = np.flatnonzero(flat_whole == 0)
+    several = np.flatnonzero(flat_whole > 0)
+    if several.size:
+        reached = _count_exp_minus_one_successes(source, several.size) >= flat_whole[several]
+        alive = np.sort(np.concatenate([alive, several[reached]]))
+    if alive.size:
+        flat_result[alive] = _bernoulli_exp_minus(source, flat_numerator[alive].astype(np.uint64), denominator)
+    return result
+
+
 def _discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
     """[CKS20] Algorithm 2 for t = s/r (the exact ratio of the float t), vectorised.
 

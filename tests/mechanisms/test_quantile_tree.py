@@ -14,13 +14,12 @@ whole file by chance with probability below 1e-6:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import Seeded
 from scipy import stats
 
 from dprun.mechanisms import quantile_tree
@@ -39,22 +38,6 @@ UNIT = 1 << WEIGHT_BITS
 DELTA = 1e-6
 
 
-@dataclass(frozen=True)
-class Seeded:
-    seed: int
-    source: RandomSource
-    rng: np.random.Generator
-    test_id: str
-
-    def why(self, finding: str) -> str:
-        return f"{finding} [reproduce: DPRUN_TEST_SEED={self.seed} pytest '{self.test_id}']"
-
-
-@pytest.fixture
-def seeded(request: pytest.FixtureRequest) -> Seeded:
-    seed = int(os.environ.get("DPRUN_TEST_SEED") or int.from_bytes(os.urandom(16), "big"))
-    print(f"DPRUN_TEST_SEED={seed}")
-    return Seeded(seed, RandomSource.from_seed(seed), np.random.default_rng(seed), request.node.nodeid)
 
 
 def plan_for(kind: str, shape: TreeShape, epsilon: float = 1.0, m: int = 1, l0: int = 1) -> NoisePlan:

@@ -14,13 +14,13 @@ message; DPRUN_TEST_SEED=<seed> replays a failing test on the same draws.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import Seeded
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
@@ -46,22 +46,6 @@ GAUSSIAN_SIGMAS = [0.5, 2.0, 30.0, 1e4, 2.0**40]
 SUMMED_SIGMA_LIMIT = 1e4
 
 
-@dataclass(frozen=True)
-class Seeded:
-    seed: int
-    source: RandomSource
-    test_id: str
-
-    def why(self, finding: str) -> str:
-        return f"{finding} [reproduce: DPRUN_TEST_SEED={self.seed} pytest '{self.test_id}']"
-
-
-@pytest.fixture
-def seeded(request: pytest.FixtureRequest, record_property: Callable[[str, object], None]) -> Seeded:
-    seed = int(os.environ.get("DPRUN_TEST_SEED") or int.from_bytes(os.urandom(16), "big"))
-    record_property("dprun_test_seed", seed)
-    print(f"DPRUN_TEST_SEED={seed}")
-    return Seeded(seed, RandomSource.from_seed(seed), request.node.nodeid)
 
 
 @dataclass(frozen=True)
@@ -225,7 +209,7 @@ def test_bernoulli_exp_minus_gamma_has_probability_exp_minus_gamma(numerator: in
 
 def test_exp_minus_one_successes_are_geometric(seeded: Seeded) -> None:
     v = sampling._count_exp_minus_one_successes(seeded.source, N)
-    cdf = lambda k: np.where(np.asarray(k) < 0, 0.0, 1.0 - np.exp(-(np.asarray(k, dtype=np.float64) + 1.0)))  # noqa: E731
+    cdf = lambda k: np.where(np.asarray(k) < 0, 0.0, 1.0 - np.exp(-(np.asarray(k, dtype=np.float64) + 1.0)))
     p = chi_square_pvalue(v, cdf, np.arange(0, 12))
     assert p >= ALPHA, seeded.why(f"successes of Bernoulli(exp(-1)): chi-square p = {p:.3g}")
 
@@ -402,3 +386,17 @@ def test_no_module_uses_a_non_cryptographic_generator(module: Path) -> None:
     text = module.read_text(encoding="utf-8")
     for banned in ("np.random", "numpy.random", "import random", "from random"):
         assert banned not in text, f"{module} contains {banned!r}; use RandomSource"
+
+
+@pytest.mark.parametrize(("whole", "numerator"), [(0, 0), (0, 3), (1, 0), (2, 5), (4, 1)])
+def test_bernoulli_exp_minus_frequency(whole: int, numerator: int, seeded: Seeded) -> None:
+    denominator = 8
+    hits = int(sampling.bernoulli_exp_minus(seeded.source, np.full(N, whole), np.full(N, numerator), denominator).sum())
+    exact = math.exp(-(whole + numerator / denominator))
+    p = binomial_pvalue(hits, N, exact) if 0 < exact < 1 else float(hits == N)
+    assert p > ALPHA, seeded.why(f"γ = {whole} + {numerator}/8: {hits} of {N} heads, expected {exact * N:.0f}")
+
+
+def test_bernoulli_exp_minus_refuses_what_is_not_a_probability() -> None:
+    with pytest.raises(ValueError, match="numerator"):
+        sampling.bernoulli_exp_minus(sampling.RandomSource.from_seed(0), np.array([0]), np.array([9]), 8)
