@@ -107,7 +107,8 @@ def synthetic(path: Path, units: int, partitions: int, rng: np.random.Generator)
     homes = rng.choice(partitions, size=(units, 5), p=popularity / popularity.sum())
     key = homes[unit, rng.integers(0, 5 if partitions > 3 else 3, unit.size)]
     value = np.clip(np.round(rng.lognormal(2.5, 1.1, unit.size) - 15 + 8 * (key % 7)), LOWER, UPPER)
-    frame = pl.DataFrame({"unit": unit, "key": [f"k{k:03d}" for k in key], "value": value})
+    # Whole minutes, stored as integers as in the flights data.
+    frame = pl.DataFrame({"unit": unit, "key": [f"k{k:03d}" for k in key], "value": value.astype(np.int64)})
     frame.write_parquet(path)
     truth = frame.group_by("key").agg(pl.col("value").quantile(q, "lower").alias(f"q{i}")
                                       for i, q in enumerate(LEVELS)).sort("key")
@@ -115,7 +116,7 @@ def synthetic(path: Path, units: int, partitions: int, rng: np.random.Generator)
     return truth
 
 
-def dprun_runs(folder: Path, data: Path, partitions: int, runs: int) -> list[np.ndarray]:
+def dprun_runs(folder: Path, data: Path, partitions: int, runs: int, method: str) -> list[np.ndarray]:
     from dprun import api
 
     spec = {
@@ -127,7 +128,7 @@ def dprun_runs(folder: Path, data: Path, partitions: int, runs: int) -> list[np.
             "partitions": {"public": [f"k{k:03d}" for k in range(partitions)]},
             "contribution_bounds": {"max_partitions_contributed": L0, "max_contributions_per_partition": LINF},
             "metrics": [{"name": "p", "kind": "quantile", "column": "value", "bounds": [LOWER, UPPER],
-                         "q": list(LEVELS)}],
+                         "q": list(LEVELS), "quantile_method": method}],
             "output": {"path": "out/q.parquet"},
         }],
         "report": "out/report.json",
@@ -169,7 +170,7 @@ def accuracy(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             folder = Path(scratch)
             truth = synthetic(folder / "data.parquet", args.units, partitions, rng).select("q0", "q1", "q2").to_numpy()
-            ours = dprun_runs(folder, folder / "data.parquet", partitions, args.runs)
+            ours = dprun_runs(folder, folder / "data.parquet", partitions, args.runs, args.method)
             theirs = opendp_runs(python, folder / "data.parquet", partitions, args.runs)
         for index, level in enumerate(LEVELS):
             mine = float(np.median([np.mean(np.abs(run[:, index] - truth[:, index])) for run in ours]))
@@ -203,6 +204,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="accuracy: runs per library and case")
     parser.add_argument("--cases", default="3,300", help="accuracy: numbers of partitions")
     parser.add_argument("--seed", type=int, default=1, help="accuracy: the synthetic data's seed")
+    parser.add_argument("--method", default="auto", choices=["auto", "tree", "candidates"],
+                        help="accuracy: dprun's quantile_method")
     parser.add_argument("--opendp-python", default=None, help="accuracy: an interpreter with opendp 0.16")
     parser.add_argument("--partitions", type=int, default=10**4, help="timing")
     parser.add_argument("--units", type=int, default=None, help="privacy units (accuracy 20000, timing 1000)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dprun.mechanisms.noise import NoisePlan
+from dprun.mechanisms.quantile_candidates import CandidatePlan
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.selection import SelectionMechanism
 
@@ -20,10 +21,10 @@ PartitionMode = Literal["global", "public", "private"]
 
 @dataclass(frozen=True)
 class NoisyQuantity:
-    """A per-partition integer sum and the noise it is released with."""
+    """A per-partition integer sum and the noise it is released with (candidate quantiles: their selection)."""
 
     quantity: Quantity
-    noise: NoisePlan
+    noise: NoisePlan | CandidatePlan
     budget_share: float
 
 
@@ -38,6 +39,10 @@ class MetricPlan:
     integer: bool  # released as integers (counts)
     levels: tuple[float, ...] = ()  # quantile levels, one output column each
     clamp: bool = False  # counts and sums: released within their feasible range (post-processing)
+    quantile_method: str | None = None  # quantiles: "tree" or "candidates"
+    # quantiles: predicted std of the rank error (counts) of each method at this metric's share
+    rank_std_by_method: tuple[tuple[str, float], ...] = ()
+    value_unit: str | None = None  # the column's unit, for accuracy in its own terms
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import polars as pl
+
 from dprun.errors import SpecError
 from dprun.mechanisms import accounting, selection
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_allowed
-from dprun.mechanisms.quantities import Quantity, metric_quantities
+from dprun.mechanisms.quantile_candidates import CandidatePlan, plan_candidates, rank_error_scale
+from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
+from dprun.mechanisms.quantities import (
+    Quantity,
+    QuantileMethod,
+    metric_quantities,
+    quantile_candidates,
+    quantile_tree,
+)
 from dprun.plan import MetricPlan, NoisyQuantity, PartitionMode, Plan, QueryPlan, SelectionPlan
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame, query_schema
-from dprun.spec.models import Metric, Query, Spec
+from dprun.spec.models import QUANTILE_KINDS, Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
@@ -138,19 +148,196 @@ def _mode(query: Query) -> PartitionMode:
     return "public" if query.partitions is not None and query.partitions.is_public else "private"
 
 
-def _metric_quantities(query: Query) -> list[tuple[Metric, list[Quantity]]]:
+# Candidate grids and tree leaves (docs/mechanisms.md, "Quantiles"): one per whole number of an
+# integer column with whole bounds at most MAX_WHOLE_VALUES values apart; else DEFAULT_CANDIDATES
+# evenly spaced candidates, or at least DEFAULT_LEAVES leaves.
+MAX_WHOLE_CANDIDATES = 4096
+MAX_WHOLE_LEAVES = 2**16
+DEFAULT_CANDIDATES = 1024
+DEFAULT_LEAVES = 2**16
+
+
+@dataclass(frozen=True)
+class QuantileChoice:
+    """The method of the quantile metrics of one column and bounds, the levels they ask for together,
+    the tree and the candidate grid each method would use, and each method's predicted rank error std."""
+
+    method: QuantileMethod
+    levels: tuple[float, ...]
+    tree: Quantity | None
+    candidates: int
+    rank_std: tuple[tuple[str, float], ...]
+
+
+def _quantile_choices(query: Query, epsilon: float, delta: float, validated: ValidatedSpec) -> dict[int, QuantileChoice]:
+    """The method of each quantile metric (by index); `auto` takes the smaller predicted rank error.
+
+    The quantile metrics of one column and bounds share a method, so that one mechanism answers
+    all their levels together and the answers are ordered (min <= median <= max). Both methods
+    are predicted at the group's share of the query's budget (a selection's share would lower
+    both alike): the tree by `rank_error_std` of its planned noise, candidates by √2 times
+    `rank_error_scale` (a Laplace variable of that scale). A method the share cannot pay for
+    is left out, unless the spec forces it.
+    """
     m = query.contribution_bounds.max_contributions_per_partition
-    return [
-        (metric, metric_quantities(metric.kind, metric.column, metric.bounds, m, metric.branching, metric.depth))
-        for metric in query.metrics
-    ]
+    l0 = query.contribution_bounds.max_partitions_contributed
+    schema = query_schema(query, validated.inputs[query.input])
+    total_share = sum(metric.budget_share for metric in query.metrics)
+    groups: dict[tuple[str | None, tuple[float, float] | None], list[int]] = {}
+    for index, metric in enumerate(query.metrics):
+        if metric.kind in QUANTILE_KINDS:
+            groups.setdefault((metric.column, metric.bounds), []).append(index)
+    choices: dict[int, QuantileChoice] = {}
+    for members in groups.values():
+        metrics = [query.metrics[i] for i in members]
+        methods = _allowed_methods(metrics, members)
+        levels = tuple(sorted({level for metric in metrics for level in quantile_levels(metric.kind, metric.q)}))
+        share = sum(metric.budget_share for metric in metrics) / total_share
+        whole = _whole_values(metrics[0], schema)
+        stds: dict[str, float] = {}
+        tree = None
+        for method in methods:
+            try:
+                if method == "tree":
+                    tree, stds[method] = _best_tree(query, metrics, members, whole, epsilon * share, delta * share)
+                else:
+                    plan = plan_candidates(epsilon * share, l0, len(levels))
+                    stds[method] = math.sqrt(2) * rank_error_scale(plan, list(levels), m)
+            except ValueError:
+                if len(methods) == 1:
+                    raise
+        if not stds:
+            raise ValueError("the budget share of this quantile is too small for either method")
+        best: QuantileMethod = min(methods, key=lambda method: stds.get(method, math.inf))
+        count = _candidate_count(metrics, members, whole)
+        choices |= dict.fromkeys(members, QuantileChoice(best, levels, tree, count, tuple(sorted(stds.items()))))
+    return choices
 
 
-def _weights(query: Query, mechanism: str | None) -> _Weights:
+def _allowed_methods(metrics: list[Metric], indices: list[int]) -> list[QuantileMethod]:
+    """The methods the quantile metrics of one column and bounds allow together."""
+    forced: set[QuantileMethod] = {metric.quantile_method for metric in metrics if metric.quantile_method != "auto"}
+    if len(forced) > 1:
+        raise Unplannable(("metrics", indices[-1], "quantile_method"), "the quantile metrics of one column and "
+                          "bounds share one method; give them the same quantile_method")
+    if any(metric.noise is not None for metric in metrics):
+        if forced == {"candidates"}:
+            raise Unplannable(("metrics", indices[-1], "noise"), "noise is for a quantile tree, and a metric of "
+                              "this column and bounds asks for candidates")
+        return ["tree"]  # noise is a tree's
+    return [forced.pop()] if forced else ["tree", "candidates"]
+
+
+def _whole_values(metric: Metric, schema: dict[str, pl.DataType]) -> int | None:
+    """How many whole numbers the bounds hold, for an integer column with whole bounds; else None."""
+    assert metric.bounds is not None and metric.column is not None
+    lower, upper = metric.bounds
+    if schema[metric.column].is_integer() and lower.is_integer() and upper.is_integer():
+        return int(upper - lower) + 1
+    return None
+
+
+def _one_setting(metrics: list[Metric], indices: list[int], field: str) -> int | None:
+    """The value the metrics of one group set for `field` (None if none does); they must agree."""
+    wanted: set[int] = {getattr(metric, field) for metric in metrics} - {None}
+    if len(wanted) > 1:
+        raise Unplannable(("metrics", indices[-1], field), f"the quantile metrics of one column and bounds "
+                          f"share one mechanism; give them the same {field}")
+    return wanted.pop() if wanted else None
+
+
+def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: int | None, epsilon: float,
+               delta: float) -> tuple[Quantity, float]:
+    """The tree with the smallest predicted rank error std, and that std.
+
+    Shapes: the spec's branching and depth, or every depth 1..10 with the smallest branching
+    (at most 256) that gives enough leaves: one per whole number where `whole` counts at most
+    MAX_WHOLE_LEAVES of them (the domain then starts half a unit below the lower bound, so each
+    whole number sits in the middle of its own leaf), else at least DEFAULT_LEAVES.
+    """
+    bounds = query.contribution_bounds
+    l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
+    metric = metrics[0]
+    assert metric.bounds is not None and metric.column is not None
+    lower, upper = metric.bounds
+    branching = _one_setting(metrics, indices, "branching")
+    depth = _one_setting(metrics, indices, "depth")
+    aligned = whole is not None and whole <= MAX_WHOLE_LEAVES and (branching is None or depth is None or
+                                                                   branching**depth >= whole)
+    needed = whole if aligned and whole is not None else DEFAULT_LEAVES
+    if branching is not None and depth is not None:
+        shapes = [(branching, depth)]
+    elif branching is not None:
+        shapes = [(branching, min(10, max(1, math.ceil(math.log(needed) / math.log(branching) - 1e-12))))]
+    else:
+        depths = [depth] if depth is not None else list(range(1, 11))
+        shapes = [(max(2, _root_at_least(needed, d)), d) for d in depths]
+        shapes = [(b, d) for b, d in shapes if b <= 256] or [(256, depths[-1])]
+    wanted = metric.noise or query.noise
+    kinds: list[NoiseKind] = [wanted] if wanted != "auto" else (
+        ["laplace", "gaussian"] if gaussian_allowed(delta) else ["laplace"])
+    best: tuple[float, Quantity] | None = None
+    for b, d in shapes:
+        domain = (lower - 0.5, lower - 0.5 + b**d) if aligned else (lower, upper)
+        tree = quantile_tree(metric.column, domain, m, b, d, whole=aligned)
+        shape = TreeShape(domain[0], domain[1], b, d)
+        for kind in kinds:
+            try:
+                std = rank_error_std(shape, _calibrated(tree, kind, l0, epsilon, delta))
+            except ValueError:
+                continue
+            if best is None or std < best[0]:
+                best = (std, tree)
+    if best is None:
+        raise ValueError("the budget share of this quantile is too small for a quantile tree")
+    return best[1], best[0]
+
+
+def _root_at_least(count: int, depth: int) -> int:
+    """The smallest b with b**depth >= count."""
+    b = max(1, round(count ** (1 / depth)))
+    while b**depth < count:
+        b += 1
+    while b > 1 and (b - 1) ** depth >= count:
+        b -= 1
+    return b
+
+
+def _candidate_count(metrics: list[Metric], indices: list[int], whole: int | None) -> int:
+    """The grid's size: the one the metrics set, else one candidate per whole number where there are at
+    most MAX_WHOLE_CANDIDATES of them, else DEFAULT_CANDIDATES."""
+    wanted = _one_setting(metrics, indices, "candidates")
+    if wanted is not None:
+        return wanted
+    return whole if whole is not None and whole <= MAX_WHOLE_CANDIDATES else DEFAULT_CANDIDATES
+
+
+MetricQuantities = list[tuple[Metric, list[Quantity]]]
+
+
+def _metric_quantities(query: Query, choices: dict[int, QuantileChoice]) -> MetricQuantities:
+    """Each metric with its quantities; a quantile metric's follow its method in `choices`."""
+    m = query.contribution_bounds.max_contributions_per_partition
+    out = []
+    for index, metric in enumerate(query.metrics):
+        choice = choices.get(index)
+        if choice is None:
+            out.append((metric, metric_quantities(metric.kind, metric.column, metric.bounds, m)))
+        elif choice.method == "candidates":
+            assert metric.column is not None and metric.bounds is not None
+            candidates = quantile_candidates(metric.column, metric.bounds, m, choice.candidates, choice.levels)
+            out.append((metric, [candidates]))
+        else:
+            assert choice.tree is not None
+            out.append((metric, [choice.tree]))
+    return out
+
+
+def _weights(query: Query, quantities: MetricQuantities, mechanism: str | None) -> _Weights:
     weights: dict[str, float] = {}
-    for metric, quantities in _metric_quantities(query):
-        for quantity in quantities:
-            weights[quantity.id] = weights.get(quantity.id, 0.0) + metric.budget_share / len(quantities)
+    for metric, quantities_of_metric in quantities:
+        for quantity in quantities_of_metric:
+            weights[quantity.id] = weights.get(quantity.id, 0.0) + metric.budget_share / len(quantities_of_metric)
     return _Weights(weights, _selection_share(query) if mechanism is not None else 0.0)
 
 
@@ -159,10 +346,10 @@ def _selection_share(query: Query) -> float:
     return query.partitions.budget_share if query.partitions is not None else 1.0
 
 
-def _noise_choices(query: Query) -> dict[str, NoiseKind | None]:
+def _noise_choices(query: Query, metric_quantities: MetricQuantities) -> dict[str, NoiseKind | None]:
     """Explicit noise per quantity (None = auto); metrics sharing a quantity must agree."""
     chosen: dict[str, NoiseKind | None] = {}
-    for index, (metric, quantities) in enumerate(_metric_quantities(query)):
+    for index, (metric, quantities) in enumerate(metric_quantities):
         wanted = metric.noise or query.noise
         kind: NoiseKind | None = None if wanted == "auto" else wanted
         for quantity in quantities:
@@ -180,11 +367,13 @@ def _plan_query(
     bounds = query.contribution_bounds
     l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
     separate = mechanism in SEPARATE_SELECTIONS
-    weights = _weights(query, mechanism if separate else None)
+    choices = _quantile_choices(query, epsilon, delta, validated)
+    metric_quantities = _metric_quantities(query, choices)
+    weights = _weights(query, metric_quantities, mechanism if separate else None)
     private = _mode(query) == "private"
     epsilon_weight = sum(weights.quantities.values()) + weights.selection
-    quantities = {q.id: q for _, qs in _metric_quantities(query) for q in qs}
-    kinds = _choose_noise(query, quantities, weights, epsilon, delta, private)
+    quantities = {q.id: q for _, qs in metric_quantities for q in qs}
+    kinds = _choose_noise(query, metric_quantities, weights, epsilon, delta, private)
     delta_consumers = {qid: w for qid, w in weights.quantities.items() if kinds[qid] == "gaussian"}
     selection_delta_weight = _selection_share(query) if private else 0.0
     delta_weight = sum(delta_consumers.values()) + selection_delta_weight
@@ -192,10 +381,15 @@ def _plan_query(
     for qid, weight in weights.quantities.items():
         q_eps = epsilon * weight / epsilon_weight * SHARE_SAFETY
         q_delta = delta * weight / delta_weight * SHARE_SAFETY if qid in delta_consumers else 0.0
-        noise = _calibrated(quantities[qid], kinds[qid], l0, q_eps, q_delta)
+        quantity = quantities[qid]
+        if quantity.aggregate == "quantile_candidates":
+            # A pure-ε selection: tight accounting counts it as a fixed cost and leaves it as planned.
+            noisy.append(NoisyQuantity(quantity, plan_candidates(q_eps, l0, len(quantity.levels)), weight))
+            continue
+        noise = _calibrated(quantity, kinds[qid], l0, q_eps, q_delta)
         if multiplier != 1.0:
             noise = noise.scaled(multiplier)
-        noisy.append(NoisyQuantity(quantities[qid], noise, weight))
+        noisy.append(NoisyQuantity(quantity, noise, weight))
     selection_eps = epsilon * weights.selection / epsilon_weight * SHARE_SAFETY
     selection_delta = delta * selection_delta_weight / delta_weight * SHARE_SAFETY if private else 0.0
     select = _selection_plan(query, mechanism, selection_eps, selection_delta, tuple(noisy), multiplier)
@@ -210,8 +404,11 @@ def _plan_query(
             integer=metric.kind in ("count", "privacy_id_count"),
             levels=tuple(quantile_levels(metric.kind, metric.q)),
             clamp=metric.clamp,
+            quantile_method=choices[index].method if index in choices else None,
+            rank_std_by_method=choices[index].rank_std if index in choices else (),
+            value_unit=metric.unit,
         )
-        for metric, qs in _metric_quantities(query)
+        for index, (metric, qs) in enumerate(metric_quantities)
     )
     input_info = validated.inputs[query.input]
     public_keys = None
@@ -240,7 +437,7 @@ def _plan_query(
 
 
 def _choose_noise(
-    query: Query, quantities: dict[str, Quantity], weights: _Weights, epsilon: float, delta: float, private: bool
+    query: Query, metric_quantities: MetricQuantities, weights: _Weights, epsilon: float, delta: float, private: bool
 ) -> dict[str, NoiseKind]:
     """Per quantity, the explicit noise, or (auto) the kind with the smaller standard deviation.
 
@@ -248,7 +445,8 @@ def _choose_noise(
     the Gaussian ones more δ than assumed, which only lowers their noise further.
     """
     l0 = query.contribution_bounds.max_partitions_contributed
-    explicit = _noise_choices(query)
+    explicit = _noise_choices(query, metric_quantities)
+    quantities = {q.id: q for _, qs in metric_quantities for q in qs}
     total = sum(weights.quantities.values()) + weights.selection
     all_delta = sum(weights.quantities.values()) + (_selection_share(query) if private else 0.0)
     kinds: dict[str, NoiseKind] = {}
@@ -258,6 +456,9 @@ def _choose_noise(
             kinds[qid] = wanted
             continue
         q = quantities[qid]
+        if q.aggregate == "quantile_candidates":
+            kinds[qid] = "laplace"  # stands for pure ε: candidates take no δ
+            continue
         q_eps = epsilon * weight / total
         q_delta = delta * weight / all_delta if delta > 0 else 0.0
         laplace = _calibrated(q, "laplace", l0, q_eps, 0.0)
@@ -304,6 +505,7 @@ def _selection_plan(
             raise ValueError("released_count selection needs a count or privacy_id_count metric")
         if min_units > 1 and target.quantity.aggregate != "privacy_units":
             raise ValueError("min_privacy_units with released_count needs a privacy_id_count metric")
+        assert isinstance(target.noise, NoisePlan), "counts get noise"
         detail: selection.SelectionMechanism = selection.released_count_threshold(
             target.noise, delta, target.quantity.linf_units, min_units)
         threshold_on, epsilon, second = target.quantity.id, 0.0, False
@@ -379,8 +581,9 @@ def _units_for_half(query: Query, epsilon: float, delta: float, mechanism: str, 
 
 def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[accounting.ApproxCost]]:
     """Noise whose scale tight accounting may shrink, and costs known only by (ε, δ)."""
-    noise = [_noise_cost(q.noise) for plan in plans for q in plan.quantities]
-    fixed = []
+    noise = [_noise_cost(q.noise) for plan in plans for q in plan.quantities if isinstance(q.noise, NoisePlan)]
+    fixed = [accounting.ApproxCost(q.noise.epsilon, 0.0)
+             for plan in plans for q in plan.quantities if isinstance(q.noise, CandidatePlan)]
     for plan in plans:
         select = plan.selection
         if select.mode != "private":

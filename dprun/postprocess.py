@@ -8,8 +8,9 @@ and SS the noisy sum of their squares ([DPP21], "Computing MEAN, VARIANCE").
 Counts are rounded to integers (exact already under discrete Laplace noise). With
 `clamp`, counts and sums are released within their feasible range: counts at least 0,
 sums at least 0 when both bounds are (at most 0 when both are at most 0).
-Quantiles come from one noisy quantile tree per column (dprun.mechanisms.quantile_tree),
-already clamped to the bounds and monotone in q.
+Quantiles come from one quantile mechanism per column and bounds (a noisy tree or candidates),
+monotone in q; they are clamped to the metric's bounds, and a tree with one leaf per whole
+number gives whole numbers (rounded; both are monotone, so the order of the levels stays).
 """
 
 from __future__ import annotations
@@ -27,11 +28,20 @@ def metric_columns(plan: QueryPlan, noisy: dict[str, np.ndarray], answers: Answe
     columns: list[pl.Series] = []
     for metric in plan.metrics:
         if metric.levels:
-            tree = answers[metric.quantity_ids[0]]
-            columns += [pl.Series(name, tree[level]) for name, level in zip(metric.output_columns, metric.levels,
-                                                                             strict=True)]
+            columns += _quantile_columns(plan, metric, answers[metric.quantity_ids[0]])
         else:
             columns.append(_metric(metric, noisy))
+    return columns
+
+
+def _quantile_columns(plan: QueryPlan, metric: MetricPlan, by_level: dict[float, np.ndarray]) -> list[pl.Series]:
+    """One column per level, within the metric's bounds; a tree with one leaf per whole number gives whole numbers."""
+    assert metric.bounds is not None
+    whole = plan.quantity(metric.quantity_ids[0]).quantity.whole
+    columns = []
+    for name, level in zip(metric.output_columns, metric.levels, strict=True):
+        values = np.clip(by_level[level], *metric.bounds)
+        columns.append(pl.Series(name, np.rint(values) if whole else values))
     return columns
 
 

@@ -20,8 +20,10 @@ from typing import Any
 from dprun import __version__
 from dprun.errors import DataError
 from dprun.mechanisms.normal import ndtri
+from dprun.mechanisms.noise import NoisePlan
+from dprun.mechanisms.quantile_candidates import CandidateGrid, CandidatePlan, rank_error_scale
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
-from dprun.plan import MetricPlan, Plan, QueryPlan
+from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan
 from dprun.spec.input_schema import InputInfo
 
 LIBRARIES = ("polars", "pyarrow", "numpy", "scipy", "dp-accounting", "pydantic")
@@ -65,28 +67,30 @@ def _explain_query(query: QueryPlan) -> dict[str, Any]:
             "units_for_50pct_keep": select.units_for_50pct,
             "units_for_95pct_keep": select.units_for_95pct,
         },
-        "quantities": [
-            {
-                "id": q.quantity.id,
-                "noise": q.noise.kind,
-                "epsilon": q.noise.epsilon,
-                "delta": q.noise.delta,
-                "l0": q.noise.l0,
-                "linf": math.ldexp(q.quantity.linf_units, q.quantity.unit_exponent),
-                "l1": math.ldexp(q.noise.l0 * q.quantity.linf_units, q.quantity.unit_exponent),
-                "l2": math.ldexp(math.sqrt(q.noise.l0) * q.quantity.linf_units, q.quantity.unit_exponent),
-                "std": q.noise.std,
-                "grid": math.ldexp(1.0, q.noise.grid_exponent),
-            }
-            for q in query.quantities
-        ],
+        "quantities": [_explain_quantity(q) for q in query.quantities],
         "metrics": [_explain_metric(query, m) for m in query.metrics],
+    }
+
+
+def _explain_quantity(noisy: NoisyQuantity) -> dict[str, Any]:
+    q, noise = noisy.quantity, noisy.noise
+    entry: dict[str, Any] = {
+        "id": q.id, "noise": noise.kind, "epsilon": noise.epsilon, "delta": noise.delta, "l0": noise.l0,
+        "linf": math.ldexp(q.linf_units, q.unit_exponent),
+    }
+    if isinstance(noise, CandidatePlan):
+        return entry | {"levels": noise.levels, "epsilon_each": noise.epsilon_each, "candidates": q.candidates,
+                        "std": None, "grid": None}
+    return entry | {
+        "l1": math.ldexp(noise.l0 * q.linf_units, q.unit_exponent),
+        "l2": math.ldexp(math.sqrt(noise.l0) * q.linf_units, q.unit_exponent),
+        "std": noise.std,
+        "grid": math.ldexp(1.0, noise.grid_exponent),
     }
 
 
 def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
     noises = [query.quantity(qid).noise for qid in metric.quantity_ids]
-    first = noises[0]
     entry: dict[str, Any] = {
         "name": metric.name,
         "kind": metric.kind,
@@ -97,18 +101,13 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "noise": "+".join(sorted({n.kind for n in noises})),
         "epsilon": sum(n.epsilon for n in noises),
         "delta": sum(n.delta for n in noises),
-        "std": first.std if len(noises) == 1 else None,
     }
-    z = ndtri(0.5 + CONFIDENCE / 2)
     if metric.levels:
-        quantity = query.quantity(metric.quantity_ids[0]).quantity
-        shape = TreeShape(quantity.lower or 0.0, quantity.upper or 0.0, quantity.branching, quantity.depth)
-        rank = z * rank_error_std(shape, first)
-        entry["levels"] = list(metric.levels)
-        entry["ci95_rank_error"] = rank
-        entry["ci95_rank_error_fraction_at_units"] = {str(n): rank / n for n in EXAMPLE_PARTITION_SIZES}
-        entry["leaf_width"] = shape.leaf_width
-        return entry
+        return entry | _quantile_accuracy(query, metric)
+    plans = [n for n in noises if isinstance(n, NoisePlan)]
+    first = plans[0]
+    entry["std"] = first.std if len(plans) == 1 else None
+    z = ndtri(0.5 + CONFIDENCE / 2)
     if len(noises) == 1:
         entry["ci95_half_width"] = _half_width(first.kind, first.std, first.parameter, first.grid_exponent)
         return entry
@@ -116,10 +115,40 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
     half = (metric.bounds[1] - metric.bounds[0]) / 2
     by_size = {}
     for size in EXAMPLE_PARTITION_SIZES:
-        std = _ratio_std(metric.kind, [n.std for n in noises], half, size)
+        std = _ratio_std(metric.kind, [n.std for n in plans], half, size)
         by_size[str(size)] = z * std
     entry["ci95_half_width_at_rows"] = by_size
     return entry
+
+
+def _quantile_accuracy(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
+    """The 95% rank error of a quantile (in counts of values), and what it means in the column's units
+    at example partition sizes if the values were spread evenly over the bounds."""
+    noisy = query.quantity(metric.quantity_ids[0])
+    quantity, noise = noisy.quantity, noisy.noise
+    assert quantity.lower is not None and quantity.upper is not None and metric.bounds is not None
+    width = metric.bounds[1] - metric.bounds[0]
+    if isinstance(noise, CandidatePlan):
+        # A Laplace variable of scale b exceeds b·ln(1/0.05) with probability 5%.
+        rank = rank_error_scale(noise, list(metric.levels), query.max_rows) * math.log(1 / (1 - CONFIDENCE))
+        resolution = CandidateGrid(quantity.lower, quantity.upper, quantity.candidates).step / 2
+    else:
+        shape = TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
+        rank = ndtri(0.5 + CONFIDENCE / 2) * rank_error_std(shape, noise)
+        resolution = 0.5 if quantity.whole else shape.leaf_width
+    return {
+        "std": noise.std if isinstance(noise, NoisePlan) else None,
+        "levels": list(metric.levels),
+        "quantile_method": metric.quantile_method,
+        "predicted_rank_std_by_method": dict(metric.rank_std_by_method),
+        "ci95_rank_error": rank,
+        "ci95_rank_error_fraction_at_units": {str(n): rank / n for n in EXAMPLE_PARTITION_SIZES},
+        # n privacy units with m values each, spread evenly over the bounds: rank error → value error.
+        "ci95_value_error_if_even_at_units": {str(n): min(width, rank / (n * query.max_rows) * width + resolution)
+                                              for n in EXAMPLE_PARTITION_SIZES},
+        "resolution": resolution,
+        "unit": metric.value_unit,
+    }
 
 
 def _half_width(kind: str, std: float, parameter: float, grid_exponent: int) -> float:

@@ -16,6 +16,7 @@ from dprun.errors import SpecError
 from dprun.api import validate
 from dprun.mechanisms import accounting
 from dprun.mechanisms.calibration import analytic_gaussian_sigma, exact_gaussian_budget, gaussian_delta
+from dprun.mechanisms.quantile_candidates import CandidatePlan
 from dprun.plan import Plan
 
 DATA = pl.DataFrame({"uid": ["a", "b"], "region": ["x", "y"], "value": [1.0, 2.0]})
@@ -137,7 +138,8 @@ def test_pld_gives_strictly_less_noise_than_basic(tmp_path: Path) -> None:
     assert all(t < 0.9 * b for t, b in zip(tight, basic, strict=True))
 
 
-metric_kinds = st.sampled_from(["count", "privacy_id_count", "sum", "mean", "variance", "stddev"])
+metric_kinds = st.sampled_from(["count", "privacy_id_count", "sum", "mean", "variance", "stddev", "median",
+                                "quantile"])
 
 
 @st.composite
@@ -153,9 +155,12 @@ def specs(draw: st.DrawFn) -> dict:
             if kind not in ("count", "privacy_id_count"):
                 lower = draw(st.sampled_from([-100.0, 0.0, 1.5]))
                 metric |= {"column": "value", "bounds": [lower, lower + draw(st.sampled_from([0.1, 10.0, 1e6]))]}
-            if delta > 0:
+            if kind in ("median", "quantile"):
+                metric["quantile_method"] = draw(st.sampled_from(["auto", "tree", "candidates"]))
+                metric["q"] = [0.1, 0.9] if kind == "quantile" else None
+            elif delta > 0:
                 metric["noise"] = draw(st.sampled_from(["auto", "laplace", "gaussian"]))
-            metrics.append(metric)
+            metrics.append({k: v for k, v in metric.items() if v is not None})
         private = delta > 0 and draw(st.booleans())
         extra: dict = {"group_by": ["region"], "budget_share": draw(st.sampled_from([1.0, 2.0]))}
         extra["partitions"] = {"selection": draw(st.sampled_from(
@@ -187,6 +192,8 @@ def test_every_plan_spends_at_most_its_budget(tmp_path_factory: pytest.TempPathF
         for q in query.quantities:
             if q.noise.kind == "laplace":
                 assert q.noise.sensitivity / q.noise.parameter <= q.noise.epsilon * (1 + 1e-12)
+            if isinstance(q.noise, CandidatePlan):
+                assert q.noise.epsilon <= query.epsilon and q.noise.delta == 0
 
 
 @pytest.mark.parametrize("accounting", ["basic", "pld"])
@@ -214,3 +221,62 @@ def test_delta_stays_split_when_every_query_uses_it(tmp_path: Path) -> None:
         "queries": [query(name, [{"name": "n", "kind": "count"}], group_by=["region"]) for name in ("a", "b")],
     })
     assert [q.delta for q in plan.queries] == [5e-7, 5e-7]
+
+
+def quantile_plan(tmp_path: Path, metrics: list[dict], **extra: object) -> Plan:
+    return planned(tmp_path, {"budget": {"epsilon": 1.0}, "queries": [
+        query("q", metrics, l0=3, m=10, group_by=["region"], partitions={"public": ["x", "y"]}, **extra)]})
+
+
+def test_auto_takes_candidates_for_a_few_levels_and_the_tree_for_many(tmp_path: Path) -> None:
+    few = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
+                                    "q": [0.25, 0.75]}]).queries[0]
+    many = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
+                                     "q": [i / 20 for i in range(1, 20)]}]).queries[0]
+    assert few.metrics[0].quantile_method == "candidates"
+    assert many.metrics[0].quantile_method == "tree"
+    for plan in (few, many):
+        stds = dict(plan.metrics[0].rank_std_by_method)
+        assert set(stds) == {"tree", "candidates"}
+        assert stds[plan.metrics[0].quantile_method] == min(stds.values())
+
+
+def test_candidates_spend_the_share_over_l0_and_levels(tmp_path: Path) -> None:
+    plan = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
+                                     "q": [0.25, 0.75], "quantile_method": "candidates", "candidates": 101}])
+    noisy = plan.queries[0].quantities[0]
+    assert isinstance(noisy.noise, CandidatePlan)
+    assert noisy.quantity.candidates == 101 and noisy.quantity.levels == (0.25, 0.75)
+    assert noisy.noise.l0 == 3 and noisy.noise.levels == 2
+    assert noisy.noise.epsilon == pytest.approx(1.0, rel=1e-8) and noisy.noise.epsilon <= 1.0
+    assert plan.total_epsilon == noisy.noise.epsilon
+
+
+def test_quantile_metrics_of_one_column_share_one_candidate_mechanism(tmp_path: Path) -> None:
+    metrics = [{"name": "lo", "kind": "min", "column": "value", "bounds": [0, 100], "quantile_method": "candidates"},
+               {"name": "mid", "kind": "median", "column": "value", "bounds": [0, 100]}]
+    plan = quantile_plan(tmp_path, metrics).queries[0]
+    assert len(plan.quantities) == 1 and plan.quantities[0].quantity.levels == (0.0, 0.5)
+    assert [m.quantile_method for m in plan.metrics] == ["candidates", "candidates"]
+
+
+def test_conflicting_quantile_methods_on_one_column_are_located(tmp_path: Path) -> None:
+    metrics = [{"name": "lo", "kind": "min", "column": "value", "bounds": [0, 100], "quantile_method": "candidates"},
+               {"name": "mid", "kind": "median", "column": "value", "bounds": [0, 100], "quantile_method": "tree"}]
+    with pytest.raises(SpecError) as caught:
+        quantile_plan(tmp_path, metrics)
+    (problem,) = caught.value.problems()
+    assert "quantile_method" in problem.message and problem.line is not None
+
+
+@pytest.mark.parametrize(("dtype", "bounds", "expected"), [
+    (pl.Int64, [-60, 240], 301), (pl.Float64, [-60, 240], 1024), (pl.Int64, [0, 10_000], 1024),
+    (pl.Int64, [0.5, 10], 1024)])
+def test_the_default_grid_is_every_whole_number_of_an_integer_column(tmp_path: Path, dtype: pl.DataType,
+                                                                   bounds: list[float], expected: int) -> None:
+    metrics = [{"name": "p", "kind": "median", "column": "value", "bounds": bounds, "quantile_method": "candidates"}]
+    path = write_spec(tmp_path, {"budget": {"epsilon": 1.0}, "queries": [
+        query("q", metrics, group_by=["region"], partitions={"public": ["x", "y"]})]})
+    DATA.with_columns(pl.col("value").cast(dtype)).write_csv(tmp_path / "data.csv")
+    plan = make_plan(validate(path))
+    assert plan.queries[0].quantities[0].quantity.candidates == expected

@@ -48,7 +48,7 @@ from dprun.engines.polars_steps import (
     sink,
 )
 from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
-from dprun.mechanisms.quantile_tree import answer_quantiles, unit_weight_expr
+from dprun.mechanisms.quantile_tree import unit_weight_expr
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
@@ -132,7 +132,7 @@ class HashBounding:
     def quantiles(self, partitions: pl.DataFrame, source: RandomSource) -> dict[str, dict[float, np.ndarray]]:
         """Every quantile tree's answers for `partitions`, by quantity id."""
         return {q.quantity.id: _quantiles(q, self.plan, self.shards, self.bounded, partitions, self.keys, source)
-                for q in self.plan.quantities if q.quantity.aggregate == "quantile_tree"}
+                for q in self.plan.quantities if q.quantity.is_quantile}
 
 
 Bounding = HashBounding | SortedBounding
@@ -187,7 +187,7 @@ def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: 
     sink(_partials(rows, plan, keys), partials, workdir)
     trees = {}
     for position, noisy in enumerate(plan.quantities):
-        if noisy.quantity.aggregate == "quantile_tree":
+        if noisy.quantity.is_quantile:
             trees[noisy.quantity.id] = workdir / f"tree-{position}-{index}.parquet"
             sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id], workdir)
     return Shard(partials, trees)
@@ -197,7 +197,7 @@ def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys:
     """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
     assert quantity.column is not None
-    leaf = release_steps.tree_shape(quantity).leaf_expr(quantity.column)
+    leaf = release_steps.leaf_expr(quantity)
     leaves = rows.select(*pair, leaf.alias(LEAF)).drop_nulls(LEAF)
     per_pair = leaves.group_by(pair).agg(pl.len().cast(pl.Int64).alias(PRESENT))
     weight = unit_weight_expr(pl.col(PRESENT), plan.max_rows)
@@ -225,10 +225,7 @@ def _quantiles(
     else:
         table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
             pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
-    levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    shape = release_steps.tree_shape(quantity)
-    answers = answer_quantiles(table, partitions.height, shape, levels, noisy.noise, source)
-    return {level: answers[:, index] for index, level in enumerate(levels)}
+    return release_steps.answer_quantile(noisy, plan, table, partitions.height, source)
 
 
 def _combine(frames: list[pl.LazyFrame], keys: list[str]) -> pl.DataFrame:
@@ -270,7 +267,7 @@ def _partials(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFr
     aggregations: list[pl.Expr] = []
     for noisy in plan.quantities:
         q = noisy.quantity
-        if q.aggregate in ("privacy_units", "quantile_tree"):
+        if q.aggregate == "privacy_units" or q.is_quantile:
             continue
         present = pl.col(q.column).count() if q.column is not None else pl.len()
         if q.aggregate == "rows":
@@ -308,7 +305,7 @@ def _partition_sums(
     aggregations = [pl.len().cast(pl.Int64).alias(UNITS)]
     for noisy in plan.quantities:
         q = noisy.quantity
-        if q.aggregate == "quantile_tree":
+        if q.is_quantile:
             continue
         column = pl.len() if q.aggregate == "privacy_units" else pl.col(q.id).cast(pl.Int128).sum()
         aggregations.append(column.cast(pl.Int128).alias(q.id))
@@ -316,5 +313,5 @@ def _partition_sums(
     if sums.width > 0:
         return sums
     schema: dict[str, pl.DataType] = {**_key_schema(partials, keys), UNITS: pl.Int64()}
-    schema |= {q.quantity.id: pl.Int128() for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+    schema |= {q.quantity.id: pl.Int128() for q in plan.quantities if not q.quantity.is_quantile}
     return pl.DataFrame(schema=schema)

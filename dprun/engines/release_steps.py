@@ -17,10 +17,12 @@ import polars as pl
 from dprun.engines.polars_steps import GLOBAL_KEY, UNITS
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import add_noise
-from dprun.mechanisms.quantile_tree import TreeShape
+from dprun.mechanisms.noise import NoisePlan
+from dprun.mechanisms.quantile_candidates import CandidateGrid, CandidatePlan, answer_candidates
+from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
-from dprun.plan import QueryPlan
+from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 
 # partitions → {quantile quantity id: {level: answer per partition}}
@@ -55,13 +57,46 @@ def public_keys(plan: QueryPlan) -> pl.DataFrame:
 def with_all_keys(sums: pl.DataFrame, all_keys: pl.DataFrame, plan: QueryPlan) -> pl.DataFrame:
     """Every listed key, with zero sums where no bounded data fell into it (empty partitions get noise too)."""
     joined = all_keys.join(sums, on=all_keys.columns, how="left", nulls_equal=True)
-    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities if q.quantity.aggregate != "quantile_tree")]
+    value_columns = [UNITS, *(q.quantity.id for q in plan.quantities if not q.quantity.is_quantile)]
     return joined.with_columns(pl.col(c).fill_null(0) for c in value_columns)
 
 
 def tree_shape(quantity: Quantity) -> TreeShape:
     assert quantity.lower is not None and quantity.upper is not None
     return TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
+
+
+def candidate_grid(quantity: Quantity) -> CandidateGrid:
+    assert quantity.lower is not None and quantity.upper is not None
+    return CandidateGrid(quantity.lower, quantity.upper, quantity.candidates)
+
+
+def leaf_expr(quantity: Quantity) -> pl.Expr:
+    """The leaf (tree) or slot (candidates) of each value of a quantile quantity's column; null for null/NaN."""
+    assert quantity.column is not None
+    if quantity.aggregate == "quantile_candidates":
+        return candidate_grid(quantity).slot_expr(quantity.column)
+    return tree_shape(quantity).leaf_expr(quantity.column)
+
+
+def quantile_levels(plan: QueryPlan, noisy: NoisyQuantity) -> list[float]:
+    """The levels asked of one quantile quantity, sorted (a tree answers every metric that shares it)."""
+    return sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
+
+
+def answer_quantile(noisy: NoisyQuantity, plan: QueryPlan, leaf_weights: pl.DataFrame, partitions: int,
+                    source: RandomSource) -> dict[float, np.ndarray]:
+    """One quantile quantity's answers per level, from col : (partition, leaf, weight) of the bounded rows."""
+    levels = quantile_levels(plan, noisy)
+    quantity, mechanism = noisy.quantity, noisy.noise
+    if isinstance(mechanism, CandidatePlan):
+        answers = answer_candidates(leaf_weights, partitions, candidate_grid(quantity), list(quantity.levels),
+                                    plan.max_rows, mechanism, source)
+        by_level = dict(zip(quantity.levels, answers.T, strict=True))
+        return {level: by_level[level] for level in levels}
+    assert isinstance(mechanism, NoisePlan)
+    answers = answer_quantiles(leaf_weights, partitions, tree_shape(quantity), levels, mechanism, source)
+    return {level: answers[:, index] for index, level in enumerate(levels)}
 
 
 def release_table(plan: QueryPlan, sums: pl.DataFrame, source: RandomSource,
@@ -75,8 +110,8 @@ def release_table(plan: QueryPlan, sums: pl.DataFrame, source: RandomSource,
     keys = partition_keys(plan)
     # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
     sums = sums.sort(keys, nulls_last=True)
-    noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, q.noise, source)
-             for q in plan.quantities if q.quantity.aggregate != "quantile_tree"}
+    noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, _noise(q), source)
+             for q in plan.quantities if not q.quantity.is_quantile}
     answers = quantiles(sums.select(keys))
     released = np.ones(sums.height, dtype=bool)
     if plan.selection.mode == "private" and plan.selection.mechanism == "released_count":
@@ -92,3 +127,8 @@ def _released_count_keep(plan: QueryPlan, sums: pl.DataFrame, noisy: dict[str, n
     assert select.threshold_quantity is not None and select.threshold is not None
     enough_units = sums[UNITS].to_numpy() >= select.min_privacy_units
     return enough_units & (noisy[select.threshold_quantity] >= select.threshold)
+
+
+def _noise(noisy: NoisyQuantity) -> NoisePlan:
+    assert isinstance(noisy.noise, NoisePlan), "only quantiles are answered by candidates"
+    return noisy.noise

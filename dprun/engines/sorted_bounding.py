@@ -125,7 +125,7 @@ def packable(plan: QueryPlan, schema: dict[str, pl.DataType], key: str) -> bool:
     """Whether the plan's columns allow packing, from the schema alone."""
     if len(plan.privacy_unit) != 1 or len(plan.group_by) > 1:
         return False
-    if any(q.quantity.aggregate == "quantile_tree" for q in plan.quantities):
+    if any(q.quantity.is_quantile for q in plan.quantities):
         return False
     return all(column in schema and schema[column].is_integer() for column in (plan.privacy_unit[0], key))
 

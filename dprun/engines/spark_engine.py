@@ -52,7 +52,7 @@ import polars as pl
 from dprun.engines import release_steps
 from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT
 from dprun.errors import DataError, DprunError, ExitCode
-from dprun.mechanisms.quantile_tree import WEIGHT_BITS, answer_quantiles
+from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
@@ -245,7 +245,7 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
 
             def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
                 return {q.quantity.id: _quantiles(q, plan, rows, bounded, partitions, keys, source)
-                        for q in plan.quantities if q.quantity.aggregate == "quantile_tree"}
+                        for q in plan.quantities if q.quantity.is_quantile}
 
             return release_steps.release_table(plan, sums, source, quantiles)
         finally:
@@ -354,7 +354,7 @@ def _partials(rows: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
     aggregations = []
     for position, noisy in enumerate(plan.quantities):
         q = noisy.quantity
-        if q.aggregate in ("privacy_units", "quantile_tree"):
+        if q.aggregate == "privacy_units" or q.is_quantile:
             continue
         present = f.count(_col(q.column)) if q.column is not None else f.count(f.lit(1))
         kept = f.least(present, m)
@@ -418,7 +418,7 @@ def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_sc
     names = {}
     for position, noisy in enumerate(plan.quantities):
         q = noisy.quantity
-        if q.aggregate == "quantile_tree":
+        if q.is_quantile:
             continue
         name = _quantity_column(position)
         names[name] = q.id
@@ -434,15 +434,10 @@ def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: li
     from pyspark.sql import Window
 
     f = F()
-    shape = release_steps.tree_shape(quantity)
     assert quantity.column is not None
     pair = [*plan.privacy_unit, *keys]
     value = _col(quantity.column)
-    # TreeShape.leaf_expr, operation for operation (float64 clip, shift, scale, floor, clip).
-    scaled = (f.least(f.greatest(value, f.lit(float(shape.lower))), f.lit(float(shape.upper)))
-              - f.lit(float(shape.lower))) * f.lit(float(shape._scale))
-    leaf = f.least(f.greatest(f.floor(scaled).cast("long"), f.lit(0).cast("long")),
-                   f.lit(shape.leaves - 1).cast("long"))
+    leaf = _leaf(quantity, value)
     leaves = rows.select(*_cols(pair), f.when(value.isNull(), f.lit(None).cast("long")).otherwise(leaf).alias(LEAF))
     per_leaf = leaves.filter(f.col(LEAF).isNotNull()).groupBy(*_cols(pair), f.col(LEAF)).agg(
         f.count(f.lit(1)).alias(COUNT))
@@ -453,6 +448,23 @@ def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: li
     with_present = per_leaf.withColumn(PRESENT, present.cast("long"))
     unit_weight = _int_div(weight, f.col(PRESENT))
     return with_present.select(*_cols(pair), f.col(LEAF), (f.col(COUNT) * unit_weight).cast("long").alias(WEIGHT))
+
+
+def _leaf(quantity: Quantity, value: Column) -> Column:
+    """`release_steps.leaf_expr` operation for operation (float64 clip, shift, scale or divide, floor, clip)."""
+    f = F()
+    assert quantity.lower is not None and quantity.upper is not None
+    clamped = f.least(f.greatest(value, f.lit(float(quantity.lower))), f.lit(float(quantity.upper)))
+    if quantity.aggregate == "quantile_candidates":
+        grid = release_steps.candidate_grid(quantity)
+        position = (clamped - f.lit(float(grid.lower))) / f.lit(float(grid.step))
+        below = f.floor(position).cast("double")
+        slot = f.when(position == below, below * 2).otherwise(below * 2 + 1).cast("long")
+        return f.least(f.greatest(slot, f.lit(0).cast("long")), f.lit(grid.slots - 1).cast("long"))
+    shape = release_steps.tree_shape(quantity)
+    scaled = (clamped - f.lit(float(shape.lower))) * f.lit(float(shape._scale))
+    return f.least(f.greatest(f.floor(scaled).cast("long"), f.lit(0).cast("long")),
+                   f.lit(shape.leaves - 1).cast("long"))
 
 
 def _int_div(numerator: Column, denominator: Column) -> Column:
@@ -477,10 +489,7 @@ def _quantiles(
     indexed = partitions.with_row_index(PARTITION).with_columns(pl.col(PARTITION).cast(pl.Int64))
     table = leaf_weights.join(indexed, on=keys, how="inner", nulls_equal=True).select(
         pl.col(PARTITION).alias("partition"), pl.col(LEAF).alias("leaf"), pl.col(WEIGHT).alias("weight"))
-    levels = sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
-    shape = release_steps.tree_shape(quantity)
-    answers = answer_quantiles(table, partitions.height, shape, levels, noisy.noise, source)
-    return {level: answers[:, index] for index, level in enumerate(levels)}
+    return release_steps.answer_quantile(noisy, plan, table, partitions.height, source)
 
 
 # --- reading and moving data ------------------------------------------------------------

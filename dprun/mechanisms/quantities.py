@@ -10,7 +10,7 @@ partition ([DPP21], "Computing MEAN, VARIANCE"; [D20 §4.2.3], Table 4.2):
 | sum               | sum of clamped values                                 |
 | mean              | rows with a value, sum of values centred on the mid   |
 | variance, stddev  | the mean's two, plus sum of squared centred values    |
-| quantile, median, min, max | a quantile tree: weighted counts per tree node (`quantile_tree`) |
+| quantile, median, min, max | weighted counts per tree node (`quantile_tree`) or per candidate slot (`quantile_candidates`) |
 
 Metrics of one query that need the same quantity share one noisy copy of it.
 
@@ -30,7 +30,9 @@ from typing import Literal
 
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 
-Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq", "quantile_tree"]
+Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq", "quantile_tree",
+                    "quantile_candidates"]
+QuantileMethod = Literal["tree", "candidates"]
 
 # Units per value: the largest |value| is about 2^VALUE_BITS units, so the rounding
 # error of one value is below 2^-VALUE_BITS of its range.
@@ -59,6 +61,9 @@ class Quantity:
     linf_units: int
     branching: int = 0
     depth: int = 0
+    whole: bool = False  # quantile_tree: one leaf per whole number (answers are rounded to it)
+    candidates: int = 0  # quantile_candidates: points in the grid
+    levels: tuple[float, ...] = ()  # quantile_candidates: the levels, each answered separately
 
     @property
     def unit(self) -> float:
@@ -66,21 +71,26 @@ class Quantity:
 
     @property
     def coordinates(self) -> int:
-        """Noisy values one unit can change per partition, each by up to `linf_units`: a tree's levels, else 1."""
+        """Noisy values one unit can change per partition, each by up to `linf_units`: a tree's levels, else 1.
+
+        (A candidate quantity's levels are composed by its own plan, `CandidatePlan`.)"""
         return self.depth if self.aggregate == "quantile_tree" else 1
+
+    @property
+    def is_quantile(self) -> bool:
+        """Answered from per-(partition, leaf) weights rather than released as one noisy sum."""
+        return self.aggregate in ("quantile_tree", "quantile_candidates")
 
     @property
     def is_integer_count(self) -> bool:
         return self.aggregate in ("privacy_units", "rows")
 
 
-def metric_quantities(
-    kind: str, column: str | None, bounds: tuple[float, float] | None, max_rows: int,
-    branching: int = 16, depth: int = 4,
-) -> list[Quantity]:
-    """The quantities a metric needs, in a stable order; equal quantities have equal ids."""
-    if kind in ("quantile", "median", "min", "max"):
-        return [quantile_tree(column, bounds, max_rows, branching, depth)]
+def metric_quantities(kind: str, column: str | None, bounds: tuple[float, float] | None, max_rows: int) -> list[Quantity]:
+    """The noisy sums a metric other than a quantile needs, in a stable order; equal quantities have equal ids.
+
+    Quantiles get `quantile_tree` or `quantile_candidates`, whose shape the planner chooses."""
+    assert kind not in ("quantile", "median", "min", "max"), "quantiles are built by quantile_tree or _candidates"
     aggregates: dict[str, list[Aggregate]] = {
         "count": ["rows"],
         "privacy_id_count": ["privacy_units"],
@@ -121,16 +131,15 @@ def build_quantity(
     )
 
 
-def quantile_tree(
-    column: str | None, bounds: tuple[float, float] | None, max_rows: int, branching: int, depth: int
-) -> Quantity:
-    """Node counts of a quantile tree over `bounds` (dprun.mechanisms.quantile_tree).
+def quantile_tree(column: str, domain: tuple[float, float], max_rows: int, branching: int, depth: int,
+                  whole: bool = False) -> Quantity:
+    """Node counts of a quantile tree with B^D leaves over `domain` (dprun.mechanisms.quantile_tree).
 
     Each unit adds weights of 2**-WEIGHT_BITS counts, at most `max_rows` counts in all, to one
     node per level: L∞ = m·2**WEIGHT_BITS units on each of the `depth` levels of a partition.
+    `whole`: the domain is [a − 0.5, a − 0.5 + B^D] for whole bounds [a, b], one leaf per whole number.
     """
-    assert bounds is not None and column is not None, "a quantile tree needs a column and bounds"
-    lower, upper = bounds
+    lower, upper = domain
     weight = 2**WEIGHT_BITS
     return Quantity(
         id=f"quantile_tree({column} in [{lower:g}, {upper:g}], {branching}^{depth})",
@@ -144,4 +153,27 @@ def quantile_tree(
         linf_units=max_rows * weight,
         branching=branching,
         depth=depth,
+        whole=whole,
+    )
+
+
+def quantile_candidates(
+    column: str, bounds: tuple[float, float], max_rows: int, candidates: int, levels: tuple[float, ...]
+) -> Quantity:
+    """Weights per candidate slot over `bounds` (dprun.mechanisms.quantile_candidates), same weights as a tree."""
+    lower, upper = bounds
+    weight = 2**WEIGHT_BITS
+    shown = ",".join(f"{level:g}" for level in levels)
+    return Quantity(
+        id=f"quantile_candidates({column} in [{lower:g}, {upper:g}], {candidates} candidates, q={shown})",
+        aggregate="quantile_candidates",
+        column=column,
+        lower=lower,
+        upper=upper,
+        center=0.0,
+        unit_exponent=-WEIGHT_BITS,
+        max_units=weight,
+        linf_units=max_rows * weight,
+        candidates=candidates,
+        levels=levels,
     )

@@ -179,8 +179,19 @@ class Metric(Strict):
     noise: NoiseChoice | None = None
     clamp: bool = Field(default=False, description="count, privacy_id_count, sum: release within the feasible "
                         "range (counts and sums of non-negative values at least 0), as post-processing.")
-    branching: Annotated[int, Field(ge=2, le=256, description="Quantile tree: children per node.")] = 16
-    depth: Annotated[int, Field(ge=1, le=10, description="Quantile tree: levels below the root.")] = 4
+    branching: Annotated[int, Field(ge=2, le=256, description=(
+        "Quantile tree: children per node. Default: chosen with depth from the bounds and the budget."))] | None = None
+    depth: Annotated[int, Field(ge=1, le=10, description=(
+        "Quantile tree: levels below the root. Default: chosen with branching from the bounds and the "
+        "budget."))] | None = None
+    quantile_method: Literal["auto", "tree", "candidates"] = Field(
+        default="auto", description="Quantiles: a noisy tree, permute-and-flip over candidate values, or the one "
+        "the planner predicts to be more accurate.")
+    candidates: Annotated[int, Field(ge=2, le=2**16, description=(
+        "Quantile candidates: evenly spaced values from lower to upper bound. Default: every whole number for "
+        "an integer column with whole bounds at most 4096 apart, else 1024."))] | None = None
+    unit: str | None = Field(default=None, max_length=40, description=(
+        "The column's unit (e.g. minutes), used when explain-budget states accuracy in the column's terms."))
 
     @field_validator("bounds", mode="before")
     @classmethod
@@ -230,10 +241,16 @@ class Metric(Strict):
         if self.clamp and self.kind not in CLAMPABLE_KINDS:
             raise ValueError(f"`clamp` is for count, privacy_id_count and sum metrics; a `{self.kind}` is always "
                              "released within its bounds")
-        tree_set = {"branching", "depth"} & self.model_fields_set
+        tree_set = {"branching", "depth", "quantile_method", "candidates"} & self.model_fields_set
         if tree_set and self.kind not in QUANTILE_KINDS:
             raise ValueError(f"`{sorted(tree_set)[0]}` is only for quantile, median, min and max metrics")
-        if self.branching**self.depth > 2**40:
+        if self.quantile_method == "candidates" and {"branching", "depth"} & self.model_fields_set:
+            raise ValueError("`branching` and `depth` shape a quantile tree, not `quantile_method: candidates`")
+        if self.quantile_method == "tree" and "candidates" in self.model_fields_set:
+            raise ValueError("`candidates` is for `quantile_method: candidates` (or auto), not a tree")
+        if self.quantile_method == "candidates" and self.noise is not None:
+            raise ValueError("`noise` is for a quantile tree; candidates are chosen by permute-and-flip, without noise")
+        if self.branching is not None and self.depth is not None and self.branching**self.depth > 2**40:
             raise ValueError("branching**depth must be at most 2**40 leaves")
         return self
 

@@ -5,7 +5,7 @@
     every example spec in specs/ (on in-bounds data with the sample data's schema) and for
     generated specs covering CSV/NDJSON/Parquet inputs, null/NaN/infinite values, rows above
     m per partition (the min(n, m)/n scaling, negative centred sums), every selection
-    mechanism, second bounding on and off, and quantiles.
+    mechanism, second bounding on and off, and quantiles by both methods.
 (b) Heavy units (more partitions than L0): both engines agree with the truth within the
     noise, and release exactly the listed public partitions.
 (c) Determinism of bounding: the bounded pre-noise aggregates and the kept (unit, partition)
@@ -180,8 +180,8 @@ def mixed_spec(folder: Path) -> Path:
             {"name": "lo", "kind": "min", **x}, {"name": "hi", "kind": "max", **x}]
     queries = [
         q("public_parquet", "p", ["g"], stats, {"public": list(range(14))}),
-        q("global_csv", "c", [], [*stats[:3], tree[0]], filter="g < 10"),
-        q("tg_no_second", "p", ["g", "h"], [stats[0], *tree],
+        q("global_csv", "c", [], [*stats[:3], {**tree[0], "quantile_method": "candidates"}], filter="g < 10"),
+        q("tg_no_second", "p", ["g", "h"], [stats[0], *({**m, "quantile_method": "tree"} for m in tree)],
           {"selection": "truncated_geometric", "second_bounding": False}),
         q("released_count", "j", ["h"], stats[:4], {"selection": "released_count"}),
         q("laplace_threshold", "c", ["g"], stats[:4], {"selection": "laplace_threshold", "min_privacy_units": 3}),
