@@ -21,6 +21,7 @@ from dprun.mechanisms.quantile_candidates import (
     EPSILON_BITS,
     CandidateGrid,
     answer_candidates,
+    isotonic,
     permute_and_flip,
     plan_candidates,
     rank_error_scale,
@@ -162,12 +163,13 @@ def test_a_large_partition_is_answered_exactly_on_its_grid(seeded: Seeded) -> No
     assert np.all(np.abs(answers - truth) <= 1), seeded.why(f"answers {answers} far from {truth}")
 
 
-def test_levels_come_back_in_order_and_sorted(seeded: Seeded) -> None:
+def test_levels_come_back_in_order_and_ordered_on_the_grid(seeded: Seeded) -> None:
     grid = CandidateGrid(0.0, 10.0, 11)
     table = weights_of([float(v) for v in range(11)], [UNIT] * 11, grid)
     answers = answer_candidates(table, 1, grid, [0.9, 0.1], 1, plan_candidates(0.01, 1, 2), seeded.source)
-    # Whatever the noise, the 0.9 answer (first column) is at least the 0.1 answer.
+    # Whatever the noise, the 0.9 answer (first column) is at least the 0.1 answer, and both are candidates.
     assert answers[0, 0] >= answers[0, 1]
+    assert set(answers[0].tolist()) <= set(grid.values().tolist())
 
 
 def test_inputs_are_checked() -> None:
@@ -184,3 +186,25 @@ def test_rank_error_scale_is_the_worst_levels_laplace_scale() -> None:
     plan = plan_candidates(0.25, 3, 3)
     scale = rank_error_scale(plan, [0.1, 0.5, 0.9], 50)
     assert scale == pytest.approx(2 * 0.9 * 50 / plan.epsilon_each)
+
+
+def brute_isotonic(row: list[float]) -> list[float]:
+    """Pool adjacent violators, the textbook way."""
+    blocks: list[list[float]] = []
+    for value in row:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            value2, weight2 = blocks.pop()
+            value1, weight1 = blocks.pop()
+            blocks.append([(value1 * weight1 + value2 * weight2) / (weight1 + weight2), weight1 + weight2])
+    return [value for value, weight in blocks for _ in range(int(weight))]
+
+
+def test_isotonic_regression_matches_pool_adjacent_violators(seeded: Seeded) -> None:
+    rows = seeded.rng.normal(size=(300, 6)).round(1)
+    got = isotonic(rows)
+    expected = np.array([brute_isotonic(row.tolist()) for row in rows])
+    np.testing.assert_allclose(got, expected, atol=1e-12, err_msg=seeded.why("isotonic regression differs"))
+    assert np.all(np.diff(got, axis=1) >= -1e-12)
+    ordered = np.sort(rows, axis=1)
+    np.testing.assert_allclose(isotonic(ordered), ordered, atol=1e-12)
