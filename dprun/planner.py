@@ -27,7 +27,7 @@ from dprun.errors import SpecError
 from dprun.mechanisms import accounting, selection
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_allowed
 from dprun.mechanisms.quantile_candidates import CandidatePlan, plan_candidates, rank_error_scale
-from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
+from dprun.mechanisms.quantile_tree import TreeShape, rank_error_rms
 from dprun.mechanisms.quantities import (
     Quantity,
     QuantileMethod,
@@ -160,13 +160,13 @@ DEFAULT_LEAVES = 2**16
 @dataclass(frozen=True)
 class QuantileChoice:
     """The method of the quantile metrics of one column and bounds, the levels they ask for together,
-    the tree and the candidate grid each method would use, and each method's predicted rank error std."""
+    the tree and the candidate grid each method would use, and each method's predicted rms rank error."""
 
     method: QuantileMethod
     levels: tuple[float, ...]
     tree: Quantity | None
     candidates: int
-    rank_std: tuple[tuple[str, float], ...]
+    rank_error: tuple[tuple[str, float], ...]
 
 
 def _quantile_choices(query: Query, epsilon: float, delta: float, validated: ValidatedSpec) -> dict[int, QuantileChoice]:
@@ -175,9 +175,10 @@ def _quantile_choices(query: Query, epsilon: float, delta: float, validated: Val
     The quantile metrics of one column and bounds share a method, so that one mechanism answers
     all their levels together and the answers are ordered (min <= median <= max). Both methods
     are predicted at the group's share of the query's budget (a selection's share would lower
-    both alike): the tree by `rank_error_std` of its planned noise, candidates by √2 times
-    `rank_error_scale` (a Laplace variable of that scale). A method the share cannot pay for
-    is left out, unless the spec forces it.
+    both alike), as a root mean square rank error: the tree by `rank_error_rms` of its planned
+    noise (noise and clipping bias), candidates by √2 times `rank_error_scale` (a Laplace
+    variable of that scale). A method the share cannot pay for is left out, unless the spec
+    forces it.
     """
     m = query.contribution_bounds.max_contributions_per_partition
     l0 = query.contribution_bounds.max_partitions_contributed
@@ -201,7 +202,7 @@ def _quantile_choices(query: Query, epsilon: float, delta: float, validated: Val
                 if method == "tree":
                     tree, stds[method] = _best_tree(query, metrics, members, whole, epsilon * share, delta * share)
                 else:
-                    plan = plan_candidates(epsilon * share, l0, len(levels))
+                    plan = plan_candidates(epsilon * share, l0, list(levels))
                     stds[method] = math.sqrt(2) * rank_error_scale(plan, list(levels), m)
             except ValueError:
                 if len(methods) == 1:
@@ -248,7 +249,7 @@ def _one_setting(metrics: list[Metric], indices: list[int], field: str) -> int |
 
 def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: int | None, epsilon: float,
                delta: float) -> tuple[Quantity, float]:
-    """The tree with the smallest predicted rank error std, and that std.
+    """The tree with the smallest predicted rank error (`rank_error_rms`), and that error.
 
     Shapes: the spec's branching and depth, or every depth 1..10 with the smallest branching
     (at most 256) that gives enough leaves: one per whole number where `whole` counts at most
@@ -283,7 +284,7 @@ def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: i
         shape = TreeShape(domain[0], domain[1], b, d)
         for kind in kinds:
             try:
-                std = rank_error_std(shape, _calibrated(tree, kind, l0, epsilon, delta))
+                std = rank_error_rms(shape, _calibrated(tree, kind, l0, epsilon, delta))
             except ValueError:
                 continue
             if best is None or std < best[0]:
@@ -384,7 +385,7 @@ def _plan_query(
         quantity = quantities[qid]
         if quantity.aggregate == "quantile_candidates":
             # A pure-ε selection: tight accounting counts it as a fixed cost and leaves it as planned.
-            noisy.append(NoisyQuantity(quantity, plan_candidates(q_eps, l0, len(quantity.levels)), weight))
+            noisy.append(NoisyQuantity(quantity, plan_candidates(q_eps, l0, list(quantity.levels)), weight))
             continue
         noise = _calibrated(quantity, kinds[qid], l0, q_eps, q_delta)
         if multiplier != 1.0:
@@ -405,7 +406,7 @@ def _plan_query(
             levels=tuple(quantile_levels(metric.kind, metric.q)),
             clamp=metric.clamp,
             quantile_method=choices[index].method if index in choices else None,
-            rank_std_by_method=choices[index].rank_std if index in choices else (),
+            rank_error_by_method=choices[index].rank_error if index in choices else (),
             value_unit=metric.unit,
         )
         for index, (metric, qs) in enumerate(metric_quantities)

@@ -79,7 +79,7 @@ def _explain_quantity(noisy: NoisyQuantity) -> dict[str, Any]:
         "linf": math.ldexp(q.linf_units, q.unit_exponent),
     }
     if isinstance(noise, CandidatePlan):
-        return entry | {"levels": noise.levels, "epsilon_each": noise.epsilon_each, "candidates": q.candidates,
+        return entry | {"levels": noise.levels, "epsilon_each": list(noise.epsilon_each), "candidates": q.candidates,
                         "std": None, "grid": None}
     return entry | {
         "l1": math.ldexp(noise.l0 * q.linf_units, q.unit_exponent),
@@ -130,7 +130,7 @@ def _quantile_accuracy(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
     width = metric.bounds[1] - metric.bounds[0]
     if isinstance(noise, CandidatePlan):
         # A Laplace variable of scale b exceeds b·ln(1/0.05) with probability 5%.
-        rank = rank_error_scale(noise, list(metric.levels), query.max_rows) * math.log(1 / (1 - CONFIDENCE))
+        rank = rank_error_scale(noise, list(quantity.levels), query.max_rows) * math.log(1 / (1 - CONFIDENCE))
         resolution = CandidateGrid(quantity.lower, quantity.upper, quantity.candidates).step / 2
     else:
         shape = TreeShape(quantity.lower, quantity.upper, quantity.branching, quantity.depth)
@@ -140,7 +140,7 @@ def _quantile_accuracy(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "std": noise.std if isinstance(noise, NoisePlan) else None,
         "levels": list(metric.levels),
         "quantile_method": metric.quantile_method,
-        "predicted_rank_std_by_method": dict(metric.rank_std_by_method),
+        "predicted_rank_error_by_method": dict(metric.rank_error_by_method),
         "ci95_rank_error": rank,
         "ci95_rank_error_fraction_at_units": {str(n): rank / n for n in EXAMPLE_PARTITION_SIZES},
         # n privacy units with m values each, spread evenly over the bounds: rank error → value error.

@@ -232,11 +232,11 @@ def test_auto_takes_candidates_for_a_few_levels_and_the_tree_for_many(tmp_path: 
     few = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
                                     "q": [0.25, 0.75]}]).queries[0]
     many = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
-                                     "q": [i / 20 for i in range(1, 20)]}]).queries[0]
+                                     "q": [i / 100 for i in range(1, 100)]}]).queries[0]
     assert few.metrics[0].quantile_method == "candidates"
     assert many.metrics[0].quantile_method == "tree"
     for plan in (few, many):
-        stds = dict(plan.metrics[0].rank_std_by_method)
+        stds = dict(plan.metrics[0].rank_error_by_method)
         assert set(stds) == {"tree", "candidates"}
         assert stds[plan.metrics[0].quantile_method] == min(stds.values())
 
@@ -247,7 +247,7 @@ def test_candidates_spend_the_share_over_l0_and_levels(tmp_path: Path) -> None:
     noisy = plan.queries[0].quantities[0]
     assert isinstance(noisy.noise, CandidatePlan)
     assert noisy.quantity.candidates == 101 and noisy.quantity.levels == (0.25, 0.75)
-    assert noisy.noise.l0 == 3 and noisy.noise.levels == 2
+    assert noisy.noise.l0 == 3 and noisy.noise.levels == 2 and noisy.noise.epsilon_each[0] == noisy.noise.epsilon_each[1]
     assert noisy.noise.epsilon == pytest.approx(1.0, rel=1e-8) and noisy.noise.epsilon <= 1.0
     assert plan.total_epsilon == noisy.noise.epsilon
 

@@ -185,6 +185,21 @@ def rank_error_std(shape: TreeShape, noise: NoisePlan) -> float:
     return noise.std * math.sqrt(shape.depth * (shape.branching - 1) / 6.0)
 
 
+def rank_error_rms(shape: TreeShape, noise: NoisePlan) -> float:
+    """`rank_error_std` combined with the bias of clipping noisy empty nodes at 0, as a root mean square.
+
+    The descent clips every child's noisy count at 0, so each empty child adds E[max(0, noise)]
+    of spurious weight (std/(2√2) for Laplace noise, std/√(2π) for Gaussian), which moves the
+    target rank by up to that much per empty sibling on every level. Data rarely fills every
+    child of a node; this assumes half of the B − 1 siblings are empty: bias D·(B − 1)/2 times
+    that mean. It is the planner's figure for comparing trees with each other and with the
+    candidate mechanism (the tree's clipping bias grows with B and D; the candidates have none).
+    """
+    positive_part = noise.std / (2 * math.sqrt(2)) if noise.kind == "laplace" else noise.std / math.sqrt(2 * math.pi)
+    bias = shape.depth * (shape.branching - 1) / 2 * positive_part
+    return math.hypot(rank_error_std(shape, noise), bias)
+
+
 def answer_quantiles(
     leaf_weights: pl.DataFrame,
     partitions: int,

@@ -32,7 +32,7 @@ def answer_counts(values: list[float], weights: list[int], claimed_rows: int, gr
         "leaf": np.tile(slots, COPIES),
         "weight": np.tile(np.asarray(weights, dtype=np.int64), COPIES),
     })
-    answers = answer_candidates(table, COPIES, grid, [0.5], claimed_rows, plan_candidates(1.0, 1, 1),
+    answers = answer_candidates(table, COPIES, grid, [0.5], claimed_rows, plan_candidates(1.0, 1, [0.5]),
                                 seeded.source)[:, 0]
     return np.array([(answers == c).sum() for c in grid.values()])
 
@@ -53,13 +53,13 @@ def epsilon_lower_bound(claimed_rows: int, added_weight: int, seeded: Seeded) ->
 
 
 def test_one_unit_moves_the_answer_by_at_most_e_to_the_epsilon(seeded: Seeded) -> None:
-    claimed = plan_candidates(1.0, 1, 1).epsilon_each
+    claimed = plan_candidates(1.0, 1, [0.5]).epsilon_each[0]
     estimate = epsilon_lower_bound(claimed_rows=2, added_weight=2, seeded=seeded)
     assert estimate <= claimed, seeded.why(f"ε lower bound {estimate:.3f} exceeds the claimed {claimed:.3f}")
 
 
 def test_scores_that_are_not_bounded_are_caught(seeded: Seeded) -> None:
     # The unit weighs 6 counts, but the scores are calibrated for 1: the claim no longer holds.
-    claimed = plan_candidates(1.0, 1, 1).epsilon_each
+    claimed = plan_candidates(1.0, 1, [0.5]).epsilon_each[0]
     estimate = epsilon_lower_bound(claimed_rows=1, added_weight=6, seeded=seeded)
     assert estimate > claimed, seeded.why(f"the broken variant went unnoticed: ε lower bound {estimate:.3f}")

@@ -77,11 +77,14 @@ def test_bad_grids_are_refused(kwargs: dict[str, float]) -> None:
 
 
 def test_the_plan_spends_at_most_its_share_on_a_dyadic_grid() -> None:
-    plan = plan_candidates(0.25, 3, 3)
+    plan = plan_candidates(0.25, 3, [0.1, 0.5, 0.9])
     assert plan.epsilon <= 0.25 and 0.25 - plan.epsilon < 9 * 2.0**-EPSILON_BITS
-    assert plan.epsilon_each == plan.epsilon_steps / 2**EPSILON_BITS
+    assert plan.epsilon_each == tuple(steps / 2**EPSILON_BITS for steps in plan.epsilon_steps)
+    # Split in proportion to max(α, 1 − α): 0.9 : 0.5 : 0.9 of a partition's ε/3.
+    assert plan.epsilon_each[0] == plan.epsilon_each[2]
+    assert plan.epsilon_each[1] / plan.epsilon_each[0] == pytest.approx(0.5 / 0.9, rel=1e-6)
     with pytest.raises(ValueError, match="too small"):
-        plan_candidates(1e-12, 1, 1)
+        plan_candidates(1e-12, 1, [0.5])
 
 
 @pytest.mark.parametrize("gammas", [
@@ -135,12 +138,12 @@ def exact_answer_law(values: list[float], weights: list[int], grid: CandidateGri
 def test_answers_follow_the_exact_law_of_their_scores(level: float, seeded: Seeded) -> None:
     grid = CandidateGrid(0.0, 4.0, 5)
     values, weights = [0.5, 1.0, 1.0, 2.5, 3.0, 3.7], [UNIT, UNIT, UNIT // 2, UNIT, 2 * UNIT, UNIT // 3]
-    plan = plan_candidates(0.8, 1, 1)
+    plan = plan_candidates(0.8, 1, [level])
     copies = 40_000  # one call answers many identical partitions: independent draws of one law
     table = weights_of(values, weights, grid, copies)
     answers = answer_candidates(table, copies, grid, [level], 1, plan, seeded.source)[:, 0]
     counts = np.array([(answers == c).sum() for c in grid.values()])
-    law = exact_answer_law(values, weights, grid, level, 1, plan.epsilon_steps)
+    law = exact_answer_law(values, weights, grid, level, 1, plan.epsilon_steps[0])
     p = chi_square_p(counts, law)
     assert p > P_REJECT, seeded.why(f"answers {counts.tolist()} do not follow {law.round(4).tolist()} (p = {p:.2e})")
 
@@ -148,7 +151,7 @@ def test_answers_follow_the_exact_law_of_their_scores(level: float, seeded: Seed
 def test_an_empty_partition_gets_a_uniform_candidate(seeded: Seeded) -> None:
     grid = CandidateGrid(0.0, 1.0, 6)
     empty = pl.DataFrame(schema={"partition": pl.Int64, "leaf": pl.Int64, "weight": pl.Int64})
-    answers = answer_candidates(empty, 60_000, grid, [0.5], 1, plan_candidates(1.0, 1, 1), seeded.source)[:, 0]
+    answers = answer_candidates(empty, 60_000, grid, [0.5], 1, plan_candidates(1.0, 1, [0.5]), seeded.source)[:, 0]
     counts = np.array([(answers == c).sum() for c in grid.values()])
     p = chi_square_p(counts, np.full(6, 1 / 6))
     assert p > P_REJECT, seeded.why(f"empty partitions chose {counts.tolist()} (p = {p:.2e})")
@@ -158,7 +161,7 @@ def test_a_large_partition_is_answered_exactly_on_its_grid(seeded: Seeded) -> No
     grid = CandidateGrid(-60.0, 240.0, 301)
     values = np.round(seeded.rng.lognormal(2.5, 1.1, 200_000) - 15)
     table = weights_of(np.clip(values, -60, 240).tolist(), [UNIT] * values.size, grid)
-    answers = answer_candidates(table, 1, grid, [0.1, 0.5, 0.9], 1, plan_candidates(1.0, 1, 3), seeded.source)[0]
+    answers = answer_candidates(table, 1, grid, [0.1, 0.5, 0.9], 1, plan_candidates(1.0, 1, [0.1, 0.5, 0.9]), seeded.source)[0]
     truth = np.quantile(np.clip(values, -60, 240), [0.1, 0.5, 0.9], method="lower")
     assert np.all(np.abs(answers - truth) <= 1), seeded.why(f"answers {answers} far from {truth}")
 
@@ -166,7 +169,7 @@ def test_a_large_partition_is_answered_exactly_on_its_grid(seeded: Seeded) -> No
 def test_levels_come_back_in_order_and_ordered_on_the_grid(seeded: Seeded) -> None:
     grid = CandidateGrid(0.0, 10.0, 11)
     table = weights_of([float(v) for v in range(11)], [UNIT] * 11, grid)
-    answers = answer_candidates(table, 1, grid, [0.9, 0.1], 1, plan_candidates(0.01, 1, 2), seeded.source)
+    answers = answer_candidates(table, 1, grid, [0.9, 0.1], 1, plan_candidates(0.01, 1, [0.1, 0.9]), seeded.source)
     # Whatever the noise, the 0.9 answer (first column) is at least the 0.1 answer, and both are candidates.
     assert answers[0, 0] >= answers[0, 1]
     assert set(answers[0].tolist()) <= set(grid.values().tolist())
@@ -174,7 +177,7 @@ def test_levels_come_back_in_order_and_ordered_on_the_grid(seeded: Seeded) -> No
 
 def test_inputs_are_checked() -> None:
     grid = CandidateGrid(0.0, 1.0, 3)
-    plan = plan_candidates(1.0, 1, 1)
+    plan = plan_candidates(1.0, 1, [0.5])
     bad = pl.DataFrame({"partition": [0], "leaf": [5], "weight": [1]})
     with pytest.raises(ValueError, match="leaf"):
         answer_candidates(bad, 1, grid, [0.5], 1, plan, RandomSource.from_seed(0))
@@ -183,9 +186,10 @@ def test_inputs_are_checked() -> None:
 
 
 def test_rank_error_scale_is_the_worst_levels_laplace_scale() -> None:
-    plan = plan_candidates(0.25, 3, 3)
+    plan = plan_candidates(0.25, 3, [0.1, 0.5, 0.9])
     scale = rank_error_scale(plan, [0.1, 0.5, 0.9], 50)
-    assert scale == pytest.approx(2 * 0.9 * 50 / plan.epsilon_each)
+    # Every level has the same scale: 2·m·Σ max(α, 1 − α) over ε per partition.
+    assert scale == pytest.approx(2 * 50 * 2.3 / (0.25 / 3), rel=1e-6)
 
 
 def brute_isotonic(row: list[float]) -> list[float]:
