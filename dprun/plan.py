@@ -40,6 +40,7 @@ class MetricPlan:
     levels: tuple[float, ...] = ()  # quantile levels, one output column each
     clamp: bool = False  # counts and sums: released within their feasible range (post-processing)
     quantile_method: str | None = None  # quantiles: "tree" or "candidates"
+    quantile_reason: str | None = None  # why: set in the spec, the smaller predicted error, …
     # quantiles: each method's predicted root mean square rank error (counts) at this metric's share
     rank_error_by_method: tuple[tuple[str, float], ...] = ()
     value_unit: str | None = None  # the column's unit, for accuracy in its own terms

@@ -153,6 +153,9 @@ def _mode(query: Query) -> PartitionMode:
 # evenly spaced candidates, or at least DEFAULT_LEAVES leaves.
 MAX_WHOLE_CANDIDATES = 4096
 MAX_WHOLE_LEAVES = 2**16
+# `auto` considers candidates only for queries with at most this many partitions known in
+# advance (a global query, or public partitions): docs/mechanisms.md, "Choosing: auto".
+FEW_PARTITIONS = 16
 DEFAULT_CANDIDATES = 1024
 DEFAULT_LEAVES = 2**16
 
@@ -163,6 +166,7 @@ class QuantileChoice:
     the tree and the candidate grid each method would use, and each method's predicted rms rank error."""
 
     method: QuantileMethod
+    reason: str
     levels: tuple[float, ...]
     tree: Quantity | None
     candidates: int
@@ -176,14 +180,18 @@ def _quantile_choices(query: Query, epsilon: float, delta: float, validated: Val
     all their levels together and the answers are ordered (min <= median <= max). Both methods
     are predicted at the group's share of the query's budget (a selection's share would lower
     both alike), as a root mean square rank error: the tree by `rank_error_rms` of its planned
-    noise (noise and clipping bias), candidates by √2 times `rank_error_scale` (a Laplace
-    variable of that scale). A method the share cannot pay for is left out, unless the spec
-    forces it.
+    noise (noise and the bias of empty nodes), candidates by √2 times `rank_error_scale` (a
+    Laplace variable of that scale). `auto` takes candidates only where their prediction is
+    smaller and the query has at most FEW_PARTITIONS partitions known in advance: the
+    candidates' error also grows with the log of the grid size once a partition holds few
+    values for the noise, which the rank prediction leaves out and which many partitions make
+    likely. A method the share cannot pay for is left out, unless the spec forces it.
     """
     m = query.contribution_bounds.max_contributions_per_partition
     l0 = query.contribution_bounds.max_partitions_contributed
     schema = query_schema(query, validated.inputs[query.input])
     total_share = sum(metric.budget_share for metric in query.metrics)
+    few = _known_partitions(query, validated, schema) <= FEW_PARTITIONS
     groups: dict[tuple[str | None, tuple[float, float] | None], list[int]] = {}
     for index, metric in enumerate(query.metrics):
         if metric.kind in QUANTILE_KINDS:
@@ -210,9 +218,26 @@ def _quantile_choices(query: Query, epsilon: float, delta: float, validated: Val
         if not stds:
             raise ValueError("the budget share of this quantile is too small for either method")
         best: QuantileMethod = min(methods, key=lambda method: stds.get(method, math.inf))
+        reason = "the smaller predicted error" if len(stds) > 1 else (
+            "set in the spec" if len(methods) == 1 else "the only one its budget allows")
+        if len(stds) > 1 and best == "candidates" and not few:
+            best, reason = "tree", f"more than {FEW_PARTITIONS} partitions"
+        if len(methods) == 1 and metrics[0].quantile_method == "auto":
+            reason = "a metric sets noise"
         count = _candidate_count(metrics, members, whole)
-        choices |= dict.fromkeys(members, QuantileChoice(best, levels, tree, count, tuple(sorted(stds.items()))))
+        choice = QuantileChoice(best, reason, levels, tree, count, tuple(sorted(stds.items())))
+        choices |= dict.fromkeys(members, choice)
     return choices
+
+
+def _known_partitions(query: Query, validated: ValidatedSpec, schema: dict[str, pl.DataType]) -> float:
+    """How many partitions the query releases, where that is known before reading data (else infinity)."""
+    mode = _mode(query)
+    if mode == "global":
+        return 1
+    if mode == "public":
+        return public_keys_frame(query, validated.loaded.base_dir, schema).height
+    return math.inf
 
 
 def _allowed_methods(metrics: list[Metric], indices: list[int]) -> list[QuantileMethod]:
@@ -406,6 +431,7 @@ def _plan_query(
             levels=tuple(quantile_levels(metric.kind, metric.q)),
             clamp=metric.clamp,
             quantile_method=choices[index].method if index in choices else None,
+            quantile_reason=choices[index].reason if index in choices else None,
             rank_error_by_method=choices[index].rank_error if index in choices else (),
             value_unit=metric.unit,
         )

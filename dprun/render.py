@@ -28,14 +28,15 @@ def _accuracy(metric: dict[str, Any]) -> str:
 
 
 def _quantile_accuracy(metric: dict[str, Any]) -> str:
-    """E.g. `candidates (rank error ~4582; tree ~1.07e+04): rank ±9706 values; ±300 minutes at 100 privacy units, …`."""
+    """E.g. `candidates (the smaller predicted error; rank error ~3903; tree ~4653): rank ±8268 values; …`."""
     unit = f" {metric['unit']}" if metric.get("unit") else ""
     stds = metric["predicted_rank_error_by_method"]
     chosen = metric["quantile_method"]
     others = "".join(f"; {m} ~{_num(s)}" for m, s in stds.items() if m != chosen)
     values = ", ".join(f"±{_num(v)}{unit} at {int(k):,} privacy units"
                        for k, v in metric["ci95_value_error_if_even_at_units"].items())
-    return (f"{chosen} (rank error ~{_num(stds.get(chosen))}{others}): rank ±{_num(metric['ci95_rank_error'])} values; "
+    why = f"{metric['quantile_method_reason']}; " if metric.get("quantile_method_reason") else ""
+    return (f"{chosen} ({why}rank error ~{_num(stds.get(chosen))}{others}): rank ±{_num(metric['ci95_rank_error'])} values; "
             f"{values} (values spread evenly, max_contributions_per_partition each)")
 
 

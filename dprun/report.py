@@ -140,6 +140,7 @@ def _quantile_accuracy(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "std": noise.std if isinstance(noise, NoisePlan) else None,
         "levels": list(metric.levels),
         "quantile_method": metric.quantile_method,
+        "quantile_method_reason": metric.quantile_reason,
         "predicted_rank_error_by_method": dict(metric.rank_error_by_method),
         "ci95_rank_error": rank,
         "ci95_rank_error_fraction_at_units": {str(n): rank / n for n in EXAMPLE_PARTITION_SIZES},

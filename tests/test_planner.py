@@ -241,6 +241,21 @@ def test_auto_takes_candidates_for_a_few_levels_and_the_tree_for_many(tmp_path: 
         assert stds[plan.metrics[0].quantile_method] == min(stds.values())
 
 
+def test_auto_keeps_candidates_for_few_partitions_known_in_advance(tmp_path: Path) -> None:
+    metric = {"name": "p", "kind": "median", "column": "value", "bounds": [0, 100]}
+    body = {"budget": {"epsilon": 1.0, "delta": 1e-6}, "queries": [
+        query("global", [metric], l0=3, m=10),
+        query("few", [metric], l0=3, m=10, group_by=["region"], partitions={"public": ["x", "y"]}),
+        query("many", [metric], l0=3, m=10, group_by=["region"], partitions={"public": [f"k{i}" for i in range(17)]}),
+        query("private", [metric], l0=3, m=10, group_by=["region"]),
+    ]}
+    plans = {q.name: q.metrics[0] for q in planned(tmp_path, body).queries}
+    assert {name: m.quantile_method for name, m in plans.items()} == {
+        "global": "candidates", "few": "candidates", "many": "tree", "private": "tree"}
+    assert plans["many"].quantile_reason == "more than 16 partitions"
+    assert plans["few"].quantile_reason == "the smaller predicted error"
+
+
 def test_candidates_spend_the_share_over_l0_and_levels(tmp_path: Path) -> None:
     plan = quantile_plan(tmp_path, [{"name": "p", "kind": "quantile", "column": "value", "bounds": [0, 100],
                                      "q": [0.25, 0.75], "quantile_method": "candidates", "candidates": 101}])
