@@ -80,9 +80,8 @@ def test_the_plan_spends_at_most_its_share_on_a_dyadic_grid() -> None:
     plan = plan_candidates(0.25, 3, [0.1, 0.5, 0.9])
     assert plan.epsilon <= 0.25 and 0.25 - plan.epsilon < 9 * 2.0**-EPSILON_BITS
     assert plan.epsilon_each == tuple(steps / 2**EPSILON_BITS for steps in plan.epsilon_steps)
-    # Split in proportion to max(α, 1 − α): 0.9 : 0.5 : 0.9 of a partition's ε/3.
-    assert plan.epsilon_each[0] == plan.epsilon_each[2]
-    assert plan.epsilon_each[1] / plan.epsilon_each[0] == pytest.approx(0.5 / 0.9, rel=1e-6)
+    # Split evenly: each level gets a ninth, rounded down to the 2**-30 grid.
+    assert plan.epsilon_each == (math.floor(0.25 / 9 * 2**EPSILON_BITS) / 2**EPSILON_BITS,) * 3
     with pytest.raises(ValueError, match="too small"):
         plan_candidates(1e-12, 1, [0.5])
 
@@ -188,8 +187,8 @@ def test_inputs_are_checked() -> None:
 def test_rank_error_scale_is_the_worst_levels_laplace_scale() -> None:
     plan = plan_candidates(0.25, 3, [0.1, 0.5, 0.9])
     scale = rank_error_scale(plan, [0.1, 0.5, 0.9], 50)
-    # Every level has the same scale: 2·m·Σ max(α, 1 − α) over ε per partition.
-    assert scale == pytest.approx(2 * 50 * 2.3 / (0.25 / 3), rel=1e-6)
+    # The worst level is 0.1 or 0.9: 2·0.9·m over a ninth of ε.
+    assert scale == pytest.approx(2 * 0.9 * 50 / (0.25 / 9), rel=1e-6)
 
 
 def brute_isotonic(row: list[float]) -> list[float]:
