@@ -53,7 +53,7 @@ from fractions import Fraction
 import numpy as np
 import polars as pl
 
-from dprun.mechanisms.quantile_tree import WEIGHT_BITS
+from dprun.mechanisms.quantile_tree import WEIGHT_BITS, check_leaf_weights
 from dprun.mechanisms.sampling import RandomSource, bernoulli_exp_minus, uniform_below
 
 EPSILON_BITS = 30
@@ -189,7 +189,7 @@ def answer_candidates(
     out = np.empty((partitions, len(qs)), dtype=np.float64)
     if partitions == 0 or not qs:
         return out
-    weights = _checked(slot_weights, partitions, grid)
+    weights = _summed(slot_weights, partitions, grid)
     values = grid.values()
     chunk = max(1, _CHUNK_CELLS // (grid.count * len(qs)))
     for start in range(0, partitions, chunk):
@@ -228,23 +228,9 @@ def _snap(answers: np.ndarray, grid: CandidateGrid, values: np.ndarray) -> np.nd
     return values[index]
 
 
-def _checked(slot_weights: pl.DataFrame, partitions: int, grid: CandidateGrid) -> pl.DataFrame:
-    missing = {"partition", "leaf", "weight"} - set(slot_weights.columns)
-    if missing:
-        raise ValueError(f"slot_weights lacks columns {sorted(missing)}")
-    for name in ("partition", "leaf", "weight"):
-        if not slot_weights.schema[name].is_integer():
-            raise ValueError(f"slot_weights {name} must be integers, got {slot_weights.schema[name]}")
-    bad = slot_weights.select(
-        partition=(pl.col("partition").is_null() | (pl.col("partition") < 0)
-                   | (pl.col("partition") >= partitions)).any(),
-        leaf=(pl.col("leaf").is_null() | (pl.col("leaf") < 0) | (pl.col("leaf") >= grid.slots)).any(),
-        weight=(pl.col("weight").is_null() | (pl.col("weight") < 0)).any(),
-    ).row(0, named=True)
-    for name, message in (("partition", f"in [0, {partitions})"), ("leaf", f"in [0, {grid.slots})"),
-                          ("weight", ">= 0")):
-        if bad[name]:
-            raise ValueError(f"every slot_weights {name} must be non-null and {message}")
+def _summed(slot_weights: pl.DataFrame, partitions: int, grid: CandidateGrid) -> pl.DataFrame:
+    """The checked input, one Int128 row per (partition, slot), sorted."""
+    check_leaf_weights(slot_weights, partitions, grid.slots)
     return (slot_weights.group_by("partition", "leaf")
             .agg(pl.col("weight").cast(pl.Int128).sum()).sort("partition", "leaf"))
 

@@ -268,33 +268,14 @@ def _level_tables(leaf_weights: pl.DataFrame, partitions: int, shape: TreeShape)
     Sorting by (partition, leaf) is the main cost; input already in that order skips it.
     Sums are int64 when the total weight is safely below 2**63 and Int128 otherwise.
     """
-    missing = {"partition", "leaf", "weight"} - set(leaf_weights.columns)
-    if missing:
-        raise ValueError(f"leaf_weights lacks columns {sorted(missing)}")
-    for name in ("partition", "leaf", "weight"):
-        if not leaf_weights.schema[name].is_integer():
-            raise ValueError(f"leaf_weights {name} must be integers, got {leaf_weights.schema[name]}")
+    check_leaf_weights(leaf_weights, partitions, shape.leaves)
     frame = leaf_weights.select(
         key=pl.col("partition").cast(pl.Int64) * shape.leaves + pl.col("leaf").cast(pl.Int64),
         weight=pl.col("weight"),
     )
-    if frame.height:
-        checks = leaf_weights.select(
-            partition=(pl.col("partition").is_null() | (pl.col("partition") < 0)
-                       | (pl.col("partition") >= partitions)).any(),
-            leaf=(pl.col("leaf").is_null() | (pl.col("leaf") < 0) | (pl.col("leaf") >= shape.leaves)).any(),
-            weight=(pl.col("weight").is_null() | (pl.col("weight") < 0)).any(),
-            total=pl.col("weight").cast(pl.Float64).sum(),
-        ).row(0, named=True)
-        for name, message in (("partition", f"in [0, {partitions})"), ("leaf", f"in [0, {shape.leaves})"),
-                              ("weight", ">= 0")):
-            if checks[name]:
-                raise ValueError(f"every leaf_weights {name} must be non-null and {message}")
-        # A float64 sum of non-negative terms is off by a factor of at most 1 + rows·2**-52, so below
-        # 2**62 the exact integer sums of every level fit in int64.
-        small = checks["total"] < 2.0**62
-    else:
-        small = True
+    # A float64 sum of non-negative terms is off by a factor of at most 1 + rows·2**-52, so below
+    # 2**62 the exact integer sums of every level fit in int64.
+    small = not frame.height or frame.select(pl.col("weight").cast(pl.Float64).sum()).item() < 2.0**62
     frame = frame.with_columns(pl.col("weight").cast(pl.Int64 if small else pl.Int128))
     if not frame["key"].is_sorted():
         frame = frame.sort("key")
@@ -317,6 +298,26 @@ def _level_tables(leaf_weights: pl.DataFrame, partitions: int, shape: TreeShape)
         tables.append(_LevelTable(keys[nonzero], pl.concat([counts, zero])))
     tables.reverse()
     return tables
+
+
+def check_leaf_weights(leaf_weights: pl.DataFrame, partitions: int, leaves: int) -> None:
+    """Raise ValueError unless `leaf_weights` has integer columns partition in [0, partitions),
+    leaf in [0, leaves) and weight >= 0, none null (the input of both quantile mechanisms)."""
+    missing = {"partition", "leaf", "weight"} - set(leaf_weights.columns)
+    if missing:
+        raise ValueError(f"leaf_weights lacks columns {sorted(missing)}")
+    for name in ("partition", "leaf", "weight"):
+        if not leaf_weights.schema[name].is_integer():
+            raise ValueError(f"leaf_weights {name} must be integers, got {leaf_weights.schema[name]}")
+    bad = leaf_weights.select(
+        partition=(pl.col("partition").is_null() | (pl.col("partition") < 0)
+                   | (pl.col("partition") >= partitions)).any(),
+        leaf=(pl.col("leaf").is_null() | (pl.col("leaf") < 0) | (pl.col("leaf") >= leaves)).any(),
+        weight=(pl.col("weight").is_null() | (pl.col("weight") < 0)).any(),
+    ).row(0, named=True)
+    for name, message in (("partition", f"in [0, {partitions})"), ("leaf", f"in [0, {leaves})"), ("weight", ">= 0")):
+        if bad[name]:
+            raise ValueError(f"every leaf_weights {name} must be non-null and {message}")
 
 
 def _segment_sums(weights: np.ndarray | pl.Series, starts: np.ndarray) -> np.ndarray | pl.Series:

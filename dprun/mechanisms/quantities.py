@@ -25,8 +25,8 @@ libraries"); integer sums cannot, so the sensitivity below holds exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 
@@ -140,21 +140,8 @@ def quantile_tree(column: str, domain: tuple[float, float], max_rows: int, branc
     `whole`: the domain is [a − 0.5, a − 0.5 + B^D] for whole bounds [a, b], one leaf per whole number.
     """
     lower, upper = domain
-    weight = 2**WEIGHT_BITS
-    return Quantity(
-        id=f"quantile_tree({column} in [{lower:g}, {upper:g}], {branching}^{depth})",
-        aggregate="quantile_tree",
-        column=column,
-        lower=lower,
-        upper=upper,
-        center=0.0,
-        unit_exponent=-WEIGHT_BITS,
-        max_units=weight,
-        linf_units=max_rows * weight,
-        branching=branching,
-        depth=depth,
-        whole=whole,
-    )
+    return _weighted(f"quantile_tree({column} in [{lower:g}, {upper:g}], {branching}^{depth})", "quantile_tree",
+                     column, domain, max_rows, branching=branching, depth=depth, whole=whole)
 
 
 def quantile_candidates(
@@ -162,18 +149,15 @@ def quantile_candidates(
 ) -> Quantity:
     """Weights per candidate slot over `bounds` (dprun.mechanisms.quantile_candidates), same weights as a tree."""
     lower, upper = bounds
-    weight = 2**WEIGHT_BITS
     shown = ",".join(f"{level:g}" for level in levels)
-    return Quantity(
-        id=f"quantile_candidates({column} in [{lower:g}, {upper:g}], {candidates} candidates, q={shown})",
-        aggregate="quantile_candidates",
-        column=column,
-        lower=lower,
-        upper=upper,
-        center=0.0,
-        unit_exponent=-WEIGHT_BITS,
-        max_units=weight,
-        linf_units=max_rows * weight,
-        candidates=candidates,
-        levels=levels,
-    )
+    return _weighted(f"quantile_candidates({column} in [{lower:g}, {upper:g}], {candidates} candidates, q={shown})",
+                     "quantile_candidates", column, bounds, max_rows, candidates=candidates, levels=levels)
+
+
+def _weighted(qid: str, aggregate: Aggregate, column: str, span: tuple[float, float], max_rows: int,
+              **shape: Any) -> Quantity:
+    """A quantile quantity: weights of 2**-WEIGHT_BITS counts per value, at most `max_rows` counts per unit."""
+    weight = 2**WEIGHT_BITS
+    base = Quantity(id=qid, aggregate=aggregate, column=column, lower=span[0], upper=span[1], center=0.0,
+                    unit_exponent=-WEIGHT_BITS, max_units=weight, linf_units=max_rows * weight)
+    return replace(base, **shape)
