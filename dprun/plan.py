@@ -19,6 +19,15 @@ from dprun.mechanisms.selection import SelectionMechanism
 PartitionMode = Literal["global", "public", "private"]
 
 
+class Unplannable(ValueError):
+    """The spec asks for something its budget cannot give; `path` locates it in the spec."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+
 @dataclass(frozen=True)
 class NoisyQuantity:
     """A per-partition integer sum and the noise it is released with (candidate quantiles: their selection)."""

@@ -21,24 +21,29 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import polars as pl
-
 from dprun.errors import SpecError
 from dprun.mechanisms import accounting, selection
-from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate, gaussian_allowed
-from dprun.mechanisms.quantile_candidates import CandidatePlan, plan_candidates, rank_error_scale
-from dprun.mechanisms.quantile_tree import TreeShape, rank_error_rms
+from dprun.mechanisms.noise import NoiseKind, NoisePlan, gaussian_allowed
+from dprun.mechanisms.quantile_candidates import CandidatePlan, plan_candidates
 from dprun.mechanisms.quantities import (
     Quantity,
-    QuantileMethod,
     metric_quantities,
+    noise_for,
     quantile_candidates,
-    quantile_tree,
 )
-from dprun.plan import MetricPlan, NoisyQuantity, PartitionMode, Plan, QueryPlan, SelectionPlan
+from dprun.plan import (
+    MetricPlan,
+    NoisyQuantity,
+    PartitionMode,
+    Plan,
+    QueryPlan,
+    SelectionPlan,
+    Unplannable,
+)
+from dprun.quantile_choice import QuantileChoice, quantile_choices
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame, query_schema
-from dprun.spec.models import QUANTILE_KINDS, Metric, Query, Spec
+from dprun.spec.models import Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
@@ -121,14 +126,6 @@ def _plan_queries(
     return plans, multiplier
 
 
-class Unplannable(ValueError):
-    """The spec asks for something its budget cannot give; `path` locates it in the spec."""
-
-    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.path = path
-
-
 def _located(index: int, step: Callable[..., T], *args: object) -> T:
     """Run a planning step for query `index`, locating its failures at that query."""
     try:
@@ -148,197 +145,18 @@ def _mode(query: Query) -> PartitionMode:
     return "public" if query.partitions is not None and query.partitions.is_public else "private"
 
 
-# Candidate grids and tree leaves (docs/mechanisms.md, "Quantiles"): one per whole number of an
-# integer column with whole bounds at most MAX_WHOLE_VALUES values apart; else DEFAULT_CANDIDATES
-# evenly spaced candidates, or at least DEFAULT_LEAVES leaves.
-MAX_WHOLE_CANDIDATES = 4096
-MAX_WHOLE_LEAVES = 2**16
-# `auto` considers candidates only for queries with at most this many partitions known in
-# advance (a global query, or public partitions): docs/mechanisms.md, "Choosing: auto".
-FEW_PARTITIONS = 16
-DEFAULT_CANDIDATES = 1024
-DEFAULT_LEAVES = 2**16
+MetricQuantities = list[tuple[Metric, list[Quantity]]]
 
 
-@dataclass(frozen=True)
-class QuantileChoice:
-    """The method of the quantile metrics of one column and bounds, the levels they ask for together,
-    the tree and the candidate grid each method would use, and each method's predicted rms rank error."""
-
-    method: QuantileMethod
-    reason: str
-    levels: tuple[float, ...]
-    tree: Quantity | None
-    candidates: int
-    rank_error: tuple[tuple[str, float], ...]
-
-
-def _quantile_choices(query: Query, epsilon: float, delta: float, validated: ValidatedSpec) -> dict[int, QuantileChoice]:
-    """The method of each quantile metric (by index); `auto` takes the smaller predicted rank error.
-
-    The quantile metrics of one column and bounds share a method, so that one mechanism answers
-    all their levels together and the answers are ordered (min <= median <= max). Both methods
-    are predicted at the group's share of the query's budget (a selection's share would lower
-    both alike), as a root mean square rank error: the tree by `rank_error_rms` of its planned
-    noise (noise and the bias of empty nodes), candidates by √2 times `rank_error_scale` (a
-    Laplace variable of that scale). `auto` takes candidates only where their prediction is
-    smaller and the query has at most FEW_PARTITIONS partitions known in advance: the
-    candidates' error also grows with the log of the grid size once a partition holds few
-    values for the noise, which the rank prediction leaves out and which many partitions make
-    likely. A method the share cannot pay for is left out, unless the spec forces it.
-    """
-    m = query.contribution_bounds.max_contributions_per_partition
-    l0 = query.contribution_bounds.max_partitions_contributed
-    schema = query_schema(query, validated.inputs[query.input])
-    total_share = sum(metric.budget_share for metric in query.metrics)
-    few = _known_partitions(query, validated, schema) <= FEW_PARTITIONS
-    groups: dict[tuple[str | None, tuple[float, float] | None], list[int]] = {}
-    for index, metric in enumerate(query.metrics):
-        if metric.kind in QUANTILE_KINDS:
-            groups.setdefault((metric.column, metric.bounds), []).append(index)
-    choices: dict[int, QuantileChoice] = {}
-    for members in groups.values():
-        metrics = [query.metrics[i] for i in members]
-        methods = _allowed_methods(metrics, members)
-        levels = tuple(sorted({level for metric in metrics for level in quantile_levels(metric.kind, metric.q)}))
-        share = sum(metric.budget_share for metric in metrics) / total_share
-        whole = _whole_values(metrics[0], schema)
-        stds: dict[str, float] = {}
-        tree = None
-        for method in methods:
-            try:
-                if method == "tree":
-                    tree, stds[method] = _best_tree(query, metrics, members, whole, epsilon * share, delta * share)
-                else:
-                    plan = plan_candidates(epsilon * share, l0, list(levels))
-                    stds[method] = math.sqrt(2) * rank_error_scale(plan, list(levels), m)
-            except ValueError:
-                if len(methods) == 1:
-                    raise
-        if not stds:
-            raise ValueError("the budget share of this quantile is too small for either method")
-        best: QuantileMethod = min(methods, key=lambda method: stds.get(method, math.inf))
-        reason = "the smaller predicted error" if len(stds) > 1 else (
-            "set in the spec" if len(methods) == 1 else "the only one its budget allows")
-        if len(stds) > 1 and best == "candidates" and not few:
-            best, reason = "tree", f"more than {FEW_PARTITIONS} partitions"
-        if len(methods) == 1 and metrics[0].quantile_method == "auto":
-            reason = "a metric sets noise"
-        count = _candidate_count(metrics, members, whole)
-        choice = QuantileChoice(best, reason, levels, tree, count, tuple(sorted(stds.items())))
-        choices |= dict.fromkeys(members, choice)
-    return choices
-
-
-def _known_partitions(query: Query, validated: ValidatedSpec, schema: dict[str, pl.DataType]) -> float:
+def _known_partitions(query: Query, validated: ValidatedSpec) -> float:
     """How many partitions the query releases, where that is known before reading data (else infinity)."""
     mode = _mode(query)
     if mode == "global":
         return 1
     if mode == "public":
+        schema = query_schema(query, validated.inputs[query.input])
         return public_keys_frame(query, validated.loaded.base_dir, schema).height
     return math.inf
-
-
-def _allowed_methods(metrics: list[Metric], indices: list[int]) -> list[QuantileMethod]:
-    """The methods the quantile metrics of one column and bounds allow together."""
-    forced: set[QuantileMethod] = {metric.quantile_method for metric in metrics if metric.quantile_method != "auto"}
-    if len(forced) > 1:
-        raise Unplannable(("metrics", indices[-1], "quantile_method"), "the quantile metrics of one column and "
-                          "bounds share one method; give them the same quantile_method")
-    if any(metric.noise is not None for metric in metrics):
-        if forced == {"candidates"}:
-            raise Unplannable(("metrics", indices[-1], "noise"), "noise is for a quantile tree, and a metric of "
-                              "this column and bounds asks for candidates")
-        return ["tree"]  # noise is a tree's
-    return [forced.pop()] if forced else ["tree", "candidates"]
-
-
-def _whole_values(metric: Metric, schema: dict[str, pl.DataType]) -> int | None:
-    """How many whole numbers the bounds hold, for an integer column with whole bounds; else None."""
-    assert metric.bounds is not None and metric.column is not None
-    lower, upper = metric.bounds
-    if schema[metric.column].is_integer() and lower.is_integer() and upper.is_integer():
-        return int(upper - lower) + 1
-    return None
-
-
-def _one_setting(metrics: list[Metric], indices: list[int], field: str) -> int | None:
-    """The value the metrics of one group set for `field` (None if none does); they must agree."""
-    wanted: set[int] = {getattr(metric, field) for metric in metrics} - {None}
-    if len(wanted) > 1:
-        raise Unplannable(("metrics", indices[-1], field), f"the quantile metrics of one column and bounds "
-                          f"share one mechanism; give them the same {field}")
-    return wanted.pop() if wanted else None
-
-
-def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: int | None, epsilon: float,
-               delta: float) -> tuple[Quantity, float]:
-    """The tree with the smallest predicted rank error (`rank_error_rms`), and that error.
-
-    Shapes: the spec's branching and depth, or every depth 1..10 with the smallest branching
-    (at most 256) that gives enough leaves: one per whole number where `whole` counts at most
-    MAX_WHOLE_LEAVES of them (the domain then starts half a unit below the lower bound, so each
-    whole number sits in the middle of its own leaf), else at least DEFAULT_LEAVES.
-    """
-    bounds = query.contribution_bounds
-    l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
-    metric = metrics[0]
-    assert metric.bounds is not None and metric.column is not None
-    lower, upper = metric.bounds
-    branching = _one_setting(metrics, indices, "branching")
-    depth = _one_setting(metrics, indices, "depth")
-    aligned = whole is not None and whole <= MAX_WHOLE_LEAVES and (branching is None or depth is None or
-                                                                   branching**depth >= whole)
-    needed = whole if aligned and whole is not None else DEFAULT_LEAVES
-    if branching is not None and depth is not None:
-        shapes = [(branching, depth)]
-    elif branching is not None:
-        shapes = [(branching, min(10, max(1, math.ceil(math.log(needed) / math.log(branching) - 1e-12))))]
-    else:
-        depths = [depth] if depth is not None else list(range(1, 11))
-        shapes = [(max(2, _root_at_least(needed, d)), d) for d in depths]
-        shapes = [(b, d) for b, d in shapes if b <= 256] or [(256, depths[-1])]
-    wanted = metric.noise or query.noise
-    kinds: list[NoiseKind] = [wanted] if wanted != "auto" else (
-        ["laplace", "gaussian"] if gaussian_allowed(delta) else ["laplace"])
-    best: tuple[float, Quantity] | None = None
-    for b, d in shapes:
-        domain = (lower - 0.5, lower - 0.5 + b**d) if aligned else (lower, upper)
-        tree = quantile_tree(metric.column, domain, m, b, d, whole=aligned)
-        shape = TreeShape(domain[0], domain[1], b, d)
-        for kind in kinds:
-            try:
-                std = rank_error_rms(shape, _calibrated(tree, kind, l0, epsilon, delta))
-            except ValueError:
-                continue
-            if best is None or std < best[0]:
-                best = (std, tree)
-    if best is None:
-        raise ValueError("the budget share of this quantile is too small for a quantile tree")
-    return best[1], best[0]
-
-
-def _root_at_least(count: int, depth: int) -> int:
-    """The smallest b with b**depth >= count."""
-    b = max(1, round(count ** (1 / depth)))
-    while b**depth < count:
-        b += 1
-    while b > 1 and (b - 1) ** depth >= count:
-        b -= 1
-    return b
-
-
-def _candidate_count(metrics: list[Metric], indices: list[int], whole: int | None) -> int:
-    """The grid's size: the one the metrics set, else one candidate per whole number where there are at
-    most MAX_WHOLE_CANDIDATES of them, else DEFAULT_CANDIDATES."""
-    wanted = _one_setting(metrics, indices, "candidates")
-    if wanted is not None:
-        return wanted
-    return whole if whole is not None and whole <= MAX_WHOLE_CANDIDATES else DEFAULT_CANDIDATES
-
-
-MetricQuantities = list[tuple[Metric, list[Quantity]]]
 
 
 def _metric_quantities(query: Query, choices: dict[int, QuantileChoice]) -> MetricQuantities:
@@ -393,7 +211,7 @@ def _plan_query(
     bounds = query.contribution_bounds
     l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
     separate = mechanism in SEPARATE_SELECTIONS
-    choices = _quantile_choices(query, epsilon, delta, validated)
+    choices = quantile_choices(query, epsilon, delta, validated, _known_partitions(query, validated))
     metric_quantities = _metric_quantities(query, choices)
     weights = _weights(query, metric_quantities, mechanism if separate else None)
     private = _mode(query) == "private"
@@ -412,7 +230,7 @@ def _plan_query(
             # A pure-ε selection: tight accounting counts it as a fixed cost and leaves it as planned.
             noisy.append(NoisyQuantity(quantity, plan_candidates(q_eps, l0, list(quantity.levels)), weight))
             continue
-        noise = _calibrated(quantity, kinds[qid], l0, q_eps, q_delta)
+        noise = noise_for(quantity, kinds[qid], l0, q_eps, q_delta)
         if multiplier != 1.0:
             noise = noise.scaled(multiplier)
         noisy.append(NoisyQuantity(quantity, noise, weight))
@@ -488,22 +306,13 @@ def _choose_noise(
             continue
         q_eps = epsilon * weight / total
         q_delta = delta * weight / all_delta if delta > 0 else 0.0
-        laplace = _calibrated(q, "laplace", l0, q_eps, 0.0)
+        laplace = noise_for(q, "laplace", l0, q_eps, 0.0)
         if not gaussian_allowed(q_delta):
             kinds[qid] = "laplace"
             continue
-        gaussian = _calibrated(q, "gaussian", l0, q_eps, q_delta)
+        gaussian = noise_for(q, "gaussian", l0, q_eps, q_delta)
         kinds[qid] = "gaussian" if gaussian.std < laplace.std else "laplace"
     return kinds
-
-
-def _calibrated(quantity: Quantity, kind: NoiseKind, l0: int, epsilon: float, delta: float) -> NoisePlan:
-    """Noise for a quantity; a quantile tree's levels count as separate partitions for L0."""
-    noise = calibrate(kind, quantity.unit_exponent, quantity.linf_units, l0 * quantity.coordinates, epsilon, delta)
-    if quantity.aggregate == "quantile_tree" and noise.grid_exponent > quantity.unit_exponent:
-        # Rounding several nodes of one level to a coarser grid is not covered by the sensitivity.
-        raise ValueError(f"the budget share of {quantity.id} is too small for a quantile tree")
-    return noise
 
 
 def _threshold_quantity(noisy: tuple[NoisyQuantity, ...]) -> NoisyQuantity | None:

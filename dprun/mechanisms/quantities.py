@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 
 Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_sumsq", "quantile_tree",
@@ -161,3 +162,12 @@ def _weighted(qid: str, aggregate: Aggregate, column: str, span: tuple[float, fl
     base = Quantity(id=qid, aggregate=aggregate, column=column, lower=span[0], upper=span[1], center=0.0,
                     unit_exponent=-WEIGHT_BITS, max_units=weight, linf_units=max_rows * weight)
     return replace(base, **shape)
+
+
+def noise_for(quantity: Quantity, kind: NoiseKind, l0: int, epsilon: float, delta: float) -> NoisePlan:
+    """Noise for a quantity; a quantile tree's levels count as separate partitions for L0."""
+    noise = calibrate(kind, quantity.unit_exponent, quantity.linf_units, l0 * quantity.coordinates, epsilon, delta)
+    if quantity.aggregate == "quantile_tree" and noise.grid_exponent > quantity.unit_exponent:
+        # Rounding several nodes of one level to a coarser grid is not covered by the sensitivity.
+        raise ValueError(f"the budget share of {quantity.id} is too small for a quantile tree")
+    return noise
