@@ -19,7 +19,7 @@ uniformly at random, has the same sensitivity (|partial| ≤ m · max units), ne
 randomness and runs as one streaming group-by. See docs/mechanisms.md.
 
 Steps 2–4 run one of two ways with the same result: by hash group-bys (`HashBounding`,
-any column types, quantile trees), or, when the unit and the key are single integer
+any column types, quantiles), or, when the unit and the key are single integer
 columns, by sorting packed codes (`dprun.engines.sorted_bounding`, much faster).
 
 The engine never computes a sensitivity, a noise scale or a threshold; it reads them
@@ -83,7 +83,7 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
         sums = release_steps.with_all_keys(bounding.partition_sums(), release_steps.public_keys(plan), plan)
 
     def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
-        # Only the hash path runs quantile trees (`packable` sends them there).
+        # Only the hash path runs quantiles (`packable` sends them there).
         return bounding.quantiles(partitions, source) if isinstance(bounding, HashBounding) else {}
 
     return release_steps.release_table(plan, sums, source, quantiles)
@@ -102,7 +102,7 @@ def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, work
 class HashBounding:
     """Both contribution boundings by hash group-bys over per-(unit, partition) partials.
 
-    Works for any column types; also keeps what quantile trees need.
+    Works for any column types; also keeps what quantiles (trees or candidates) need.
     """
 
     def __init__(self, plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> None:
@@ -130,7 +130,7 @@ class HashBounding:
         return _partition_sums(self.bounded, self.partials, self.plan, self.keys)
 
     def quantiles(self, partitions: pl.DataFrame, source: RandomSource) -> dict[str, dict[float, np.ndarray]]:
-        """Every quantile tree's answers for `partitions`, by quantity id."""
+        """Every quantile quantity's answers for `partitions`, by quantity id."""
         return {q.quantity.id: _quantiles(q, self.plan, self.shards, self.bounded, partitions, self.keys, source)
                 for q in self.plan.quantities if q.quantity.is_quantile}
 
@@ -189,11 +189,11 @@ def _write_shard(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], workdir: 
     for position, noisy in enumerate(plan.quantities):
         if noisy.quantity.is_quantile:
             trees[noisy.quantity.id] = workdir / f"tree-{position}-{index}.parquet"
-            sink(_tree_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id], workdir)
+            sink(_leaf_weights(rows, noisy.quantity, plan, keys), trees[noisy.quantity.id], workdir)
     return Shard(partials, trees)
 
 
-def _tree_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
+def _leaf_weights(rows: pl.LazyFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:
     """col : (unit, partition keys, leaf, weight), one row per value: a unit's n values in a partition weigh min(n, m)/n each."""
     pair = [*plan.privacy_unit, *keys]
     assert quantity.column is not None
@@ -208,7 +208,7 @@ def _quantiles(
     noisy: NoisyQuantity, plan: QueryPlan, shards: list[Shard], bounded: list[pl.LazyFrame],
     partitions: pl.DataFrame, keys: list[str], source: RandomSource,
 ) -> dict[float, np.ndarray]:
-    """Every level asked of one quantile tree, answered from one noisy tree per partition."""
+    """Every level asked of one quantile quantity (a tree or candidates), answered for every partition."""
     quantity = noisy.quantity
     pair = [*plan.privacy_unit, *keys]
     # col : (partition keys, leaf, weight) of the (unit, partition) pairs that survived bounding

@@ -17,8 +17,8 @@ The steps, their column semantics and their integer arithmetic are those of
 5. per-partition exact integer sums are collected to the driver and released by the same
    engine-neutral steps as the Polars engine's (`dprun.engines.release_steps`): noise by
    `dprun.mechanisms.noise.add_noise`, metrics by `dprun.postprocess.metric_columns`;
-   quantiles by `dprun.mechanisms.quantile_tree.answer_quantiles` from per-(partition, leaf)
-   weights summed on the executors.
+   quantiles by `release_steps.answer_quantile` (a tree or candidates) from per-(partition,
+   leaf) weights summed on the executors.
 
 Executors only ever compute deterministic functions of the input rows and the run's hash
 key: integer sums (exact, so independent of order and partitioning) and a keyed-hash
@@ -429,7 +429,7 @@ def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_sc
     return sums.rename(names)
 
 
-def _tree_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> DataFrame:
+def _leaf_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> DataFrame:
     """col : (unit, partition keys, leaf, weight): a unit's values in a partition weigh min(n, m)/n each."""
     from pyspark.sql import Window
 
@@ -477,12 +477,12 @@ def _quantiles(
     noisy: NoisyQuantity, plan: QueryPlan, rows: DataFrame, bounded: DataFrame, partitions: pl.DataFrame,
     keys: list[str], source: RandomSource,
 ) -> dict[float, np.ndarray]:
-    """Every level asked of one quantile tree, answered from one noisy tree per partition (on the driver)."""
+    """Every level asked of one quantile quantity (a tree or candidates), answered on the driver."""
     f = F()
     quantity = noisy.quantity
     pair = [*plan.privacy_unit, *keys]
     # col : (partition keys, leaf, weight) of the (unit, partition) pairs that survived bounding
-    weights = _semi(_tree_weights(rows, quantity, plan, keys), bounded.select(*_cols(pair)), pair)
+    weights = _semi(_leaf_weights(rows, quantity, plan, keys), bounded.select(*_cols(pair)), pair)
     per_leaf = weights.groupBy(*_cols(keys), f.col(LEAF)).agg(f.sum(f.col(WEIGHT).cast(EXACT)).cast(EXACT).alias(WEIGHT))
     key_schema = dict(partitions.schema)
     leaf_weights = _collect(per_leaf, {**key_schema, LEAF: pl.Int64, WEIGHT: pl.Int128})
