@@ -4,12 +4,14 @@ Accuracy (the default): the same task on dprun (`dprun run`'s API, the system CS
 OpenDP 0.16's Polars API (`dp.quantile`, the exponential mechanism over candidates), in
 OpenDP's own virtual environment (it pins its own Polars; made on first use in
 benchmarks/.venv-opendp, or --opendp-python). Synthetic data with a realistic shape: many
-rows per privacy unit, a skewed value column (log-normal minutes of delay in [-60, 240]),
-3 and 300 public partitions; ε = 0.25, L0 = 3, L∞ = 50, the 10th, 50th and 90th
-percentiles. Printed: per case and quantile, the median over runs of the mean absolute
-error over partitions, for each library, and their ratio.
+rows per privacy unit, a skewed value column (log-normal delays in whole minutes, stored as
+integers, in [-60, 240]), 3 and 300 public partitions; ε = 0.25, L0 = 3, L∞ = 50, the 10th,
+50th and 90th percentiles. dprun runs with `quantile_method: auto` (or --method); OpenDP
+scores every whole minute. Printed: per case and quantile, the median over runs of the mean
+absolute error over partitions, for each library, and their ratio.
 
-    python benchmarks/bench_quantiles.py [--runs 20] [--units 20000] [--cases 3,300]
+    python benchmarks/bench_quantiles.py [--runs 20] [--units 20000] [--cases 3,300] [--seed 1]
+           [--method auto|tree|candidates]
 
 Timing (--timing): dprun's quantile tree (`answer_quantiles`) on synthetic partitions.
 
