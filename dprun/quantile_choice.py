@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from dprun.mechanisms.noise import NoiseKind, gaussian_allowed
-from dprun.mechanisms.quantile_candidates import plan_candidates, rank_error_scale
+from dprun.mechanisms.quantile_candidates import plan_candidates, rank_error_scale, round_grid_count
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_rms
 from dprun.mechanisms.quantities import (
     QuantileMethod,
@@ -202,8 +202,12 @@ def _root_at_least(count: int, depth: int) -> int:
 
 def _candidate_count(metrics: list[Metric], indices: list[int], whole: int | None) -> int:
     """The grid's size: the one the metrics set, else one candidate per whole number where there are at
-    most MAX_WHOLE_CANDIDATES of them, else DEFAULT_CANDIDATES."""
+    most MAX_WHOLE_CANDIDATES of them, else at most DEFAULT_CANDIDATES on a round step where the
+    bounds allow one (0.1 for [0, 60]), else DEFAULT_CANDIDATES evenly spaced."""
     wanted = _one_setting(metrics, indices, "candidates")
     if wanted is not None:
         return wanted
-    return whole if whole is not None and whole <= MAX_WHOLE_CANDIDATES else DEFAULT_CANDIDATES
+    if whole is not None and whole <= MAX_WHOLE_CANDIDATES:
+        return whole
+    assert metrics[0].bounds is not None
+    return round_grid_count(*metrics[0].bounds, DEFAULT_CANDIDATES) or DEFAULT_CANDIDATES

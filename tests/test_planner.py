@@ -285,9 +285,9 @@ def test_conflicting_quantile_methods_on_one_column_are_located(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("dtype", "bounds", "expected"), [
-    (pl.Int64, [-60, 240], 301), (pl.Float64, [-60, 240], 1024), (pl.Int64, [0, 10_000], 1024),
-    (pl.Int64, [0.5, 10], 1024)])
-def test_the_default_grid_is_every_whole_number_of_an_integer_column(tmp_path: Path, dtype: pl.DataType,
+    (pl.Int64, [-60, 240], 301), (pl.Float64, [-60, 240], 601), (pl.Int64, [0, 10_000], 1001),
+    (pl.Int64, [0.5, 10], 951), (pl.Float64, [0, 1 / 3], 1024)])
+def test_the_default_grid_is_whole_numbers_or_a_round_step(tmp_path: Path, dtype: pl.DataType,
                                                                    bounds: list[float], expected: int) -> None:
     metrics = [{"name": "p", "kind": "median", "column": "value", "bounds": bounds, "quantile_method": "candidates"}]
     path = write_spec(tmp_path, {"budget": {"epsilon": 1.0}, "queries": [

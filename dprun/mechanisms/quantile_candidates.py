@@ -94,8 +94,13 @@ class CandidateGrid:
         return 2 * self.count - 1
 
     def values(self) -> np.ndarray:
-        """The candidates; the last one is `upper` exactly."""
+        """The candidates; the last one is `upper` exactly. Where the bounds and the step are short
+        decimals (a step of 0.05 from 0), each candidate is the float nearest its decimal value, so
+        that answers print as 16.45, not 16.450000000000003."""
         values = self.lower + np.arange(self.count, dtype=np.float64) * self.step
+        decimals = max(_decimals(self.lower), _decimals(self.step))
+        if decimals <= _MAX_DECIMALS:
+            values = np.round(values, decimals)
         values[-1] = self.upper
         return np.minimum(values, self.upper)
 
@@ -106,6 +111,34 @@ class CandidateGrid:
         below = position.floor()
         slot = pl.when(position == below).then(2 * below).otherwise(2 * below + 1)
         return slot.cast(pl.Int64).clip(0, self.slots - 1).alias(column)
+
+
+_MAX_DECIMALS = 9
+
+
+def _decimals(number: float) -> int:
+    """The fewest decimal places that write `number` to within 1e-9 of itself (past _MAX_DECIMALS: more)."""
+    for places in range(_MAX_DECIMALS + 1):
+        scaled = abs(number) * 10**places
+        if abs(scaled - round(scaled)) <= 1e-9 * max(1.0, scaled):
+            return places
+    return _MAX_DECIMALS + 1
+
+
+def round_grid_count(lower: float, upper: float, most: int) -> int | None:
+    """The most candidates, at most `most`, on a round step (1, 2 or 5 times a power of ten) that both
+    bounds are multiples of; None if there is none (then an even grid of `most` is used)."""
+    span = upper - lower
+    smallest = span / (most - 1)
+    exponent = math.floor(math.log10(smallest))
+    for power in (exponent, exponent + 1):
+        for mantissa in (1, 2, 5):
+            step = mantissa * 10.0**power
+            intervals = span / step
+            if step >= smallest * (1 - 1e-12) and abs(intervals - round(intervals)) <= 1e-9 * intervals \
+                    and all(abs(b / step - round(b / step)) <= 1e-9 * max(1.0, abs(b / step)) for b in (lower, upper)):
+                return round(intervals) + 1
+    return None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dprun.mechanisms.quantile_candidates import (
     permute_and_flip,
     plan_candidates,
     rank_error_scale,
+    round_grid_count,
 )
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.sampling import RandomSource
@@ -67,6 +68,18 @@ def test_integer_grid_puts_every_whole_value_on_a_candidate() -> None:
     values = pl.DataFrame({"x": np.arange(-60, 241, dtype=np.int64)})
     slots = values.select(grid.slot_expr("x"))["x"].to_numpy()
     np.testing.assert_array_equal(slots, 2 * np.arange(301))
+
+
+@pytest.mark.parametrize(("bounds", "count", "first"), [
+    ((0.0, 60.0), 601, [0.0, 0.1, 0.2, 0.3]), ((-3.7, 9.1), 641, [-3.7, -3.68, -3.66, -3.64]),
+    ((0.0, 1e6), 1001, [0.0, 1000.0, 2000.0, 3000.0]), ((0.0, 1 / 3), None, None)])
+def test_default_grids_sit_on_round_steps_and_print_as_decimals(bounds: tuple[float, float], count: int | None,
+                                                                first: list[float] | None) -> None:
+    assert round_grid_count(*bounds, 1024) == count
+    if count is not None:
+        values = CandidateGrid(*bounds, count).values()
+        assert values[:4].tolist() == first and values[-1] == bounds[1]
+        assert [repr(float(v)) for v in values[:4]] == [repr(v) for v in first]
 
 
 @pytest.mark.parametrize("kwargs", [{"lower": 1.0, "upper": 1.0, "count": 3}, {"lower": 0.0, "upper": 1.0, "count": 1},
