@@ -97,6 +97,14 @@ class QueryPlan:
     epsilon: float = 0.0
     delta: float = 0.0
     derive: tuple[tuple[str, str], ...] = ()  # the query's derived columns: (name, SQL), in order
+    # public lookup inputs joined to the private input: (input name, join columns, inner|left)
+    joins: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+
+    @property
+    def private_input(self) -> str:
+        """The private input's name (`input` is `private+lookup+…` for a join)."""
+        joined = "".join(f"+{name}" for name, _, _ in self.joins)
+        return self.input[: len(self.input) - len(joined)]
 
     def quantity(self, quantity_id: str) -> NoisyQuantity:
         return next(q for q in self.quantities if q.quantity.id == quantity_id)

@@ -154,7 +154,7 @@ def _known_partitions(query: Query, validated: ValidatedSpec) -> float:
     if mode == "global":
         return 1
     if mode == "public":
-        schema = query_schema(query, validated.inputs[query.input])
+        schema = query_schema(query, validated.inputs[query.input_name])
         return public_keys_frame(query, validated.loaded.base_dir, schema).height
     return math.inf
 
@@ -255,14 +255,14 @@ def _plan_query(
         )
         for index, (metric, qs) in enumerate(metric_quantities)
     )
-    input_info = validated.inputs[query.input]
+    input_info = validated.inputs[query.input_name]
     public_keys = None
     if _mode(query) == "public":
         public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
     output_path = validated.loaded.target(query.output.path)
     return QueryPlan(
         name=query.name,
-        input=query.input,
+        input=query.input_name,
         filter=query.filter,
         group_by=tuple(query.group_by),
         privacy_unit=tuple(validated.spec.privacy_unit_columns),
@@ -278,6 +278,7 @@ def _plan_query(
         epsilon=epsilon,
         delta=delta,
         derive=tuple(query.derive.items()),
+        joins=tuple((lookup.info.name, lookup.on, lookup.how) for lookup in input_info.lookups),
     )
 
 

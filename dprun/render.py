@@ -40,6 +40,15 @@ def _quantile_accuracy(metric: dict[str, Any]) -> str:
             f"{values} (values spread evenly, max_contributions_per_partition each)")
 
 
+def _input_line(query: dict[str, Any]) -> str:
+    """E.g. `input: visits, joined with public restaurants on restaurant_id (inner: rows without a match dropped)`."""
+    joins = "".join(
+        f", joined with public {j['input']} on {', '.join(j['on'])} "
+        f"({'inner: rows without a match dropped' if j['how'] == 'inner' else 'left: rows without a match kept'})"
+        for j in query.get("joins", []))
+    return f"input: {query['input']}{joins}"
+
+
 def _selection_line(query: dict[str, Any]) -> str:
     p = query["partitions"]
     if p["mode"] == "global":
@@ -77,6 +86,7 @@ def print_explanation(explanation: dict[str, Any], console: Console) -> None:
         for row in metric_rows(query):
             table.add_row(*row)
         console.print(table)
+        console.print("  " + _input_line(query))
         console.print("  " + _selection_line(query))
         console.print()
     console.print(_total_line(explanation))
@@ -96,7 +106,7 @@ def _total_line(explanation: dict[str, Any]) -> str:
 def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budget") -> str:
     lines = [f"# {title}: {explanation['spec'] or 'dprun spec'}", ""]
     for query in explanation["queries"]:
-        lines += [f"## Query `{query['name']}`", "", _selection_line(query), ""]
+        lines += [f"## Query `{query['name']}`", "", _input_line(query), "", _selection_line(query), ""]
         if "partitions_released" in query:
             lines += [f"Partitions released: **{query['partitions_released']}** → `{query['output']}`", ""]
         lines.append("| " + " | ".join(METRIC_HEADER) + " |")

@@ -9,7 +9,8 @@ as privacy unit. It is shaped so that the DP machinery has something to do:
 * restaurant popularity is very uneven (r01 busy ... r12 rare) and each visitor
   sticks to 1-3 favourite restaurants, so partitions differ widely in size;
 * `restaurants.csv` lists r13 and r14, which never occur in the visits: public
-  partitions with no data.
+  partitions with no data. Its `city` and `cuisine` columns make it a public lookup
+  table to join with the visits.
 
 The generator is seeded, sorts its rows on every column and writes with
 polars, so re-running it reproduces the files byte for byte.
@@ -123,9 +124,18 @@ def visits_frame(rng: np.random.Generator) -> pl.DataFrame:
     return frame.sort(["day", "restaurant_id", "visitor_id", "spend_eur"], nulls_last=True)
 
 
+CITIES = ("Lyon", "Nantes", "Lille")
+CUISINES = ("bistro", "pizzeria", "ramen", "vegetarian")
+
+
 def restaurants_frame() -> pl.DataFrame:
-    """Public list of restaurants, including two that have no visits."""
-    return pl.DataFrame({"restaurant_id": restaurant_ids() + list(EMPTY_RESTAURANTS)})
+    """Public list of restaurants, including two that have no visits, with their city and cuisine."""
+    ids = restaurant_ids() + list(EMPTY_RESTAURANTS)
+    return pl.DataFrame({
+        "restaurant_id": ids,
+        "city": [CITIES[i % len(CITIES)] for i in range(len(ids))],
+        "cuisine": [CUISINES[(i * 3 + i // 4) % len(CUISINES)] for i in range(len(ids))],
+    })
 
 
 def main() -> None:

@@ -165,7 +165,7 @@ def _scanned_ranges(rows: pl.LazyFrame, unit: str, key: str) -> Ranges:
 
 def _footer_ranges(info: InputInfo, unit: str, key: str) -> Ranges | None:
     """Row count and column ranges from Parquet footers alone (filters only narrow them)."""
-    if info.format != "parquet":
+    if info.format != "parquet" or info.lookups:  # footers describe the private files, not a join's columns
         return None
     found: Ranges = {"rows": 0, key: (0, 0)} if key not in info.schema else {"rows": 0}
     wanted = [column for column in (unit, key) if column not in found]

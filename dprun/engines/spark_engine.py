@@ -56,7 +56,7 @@ from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.spec.input_schema import InputInfo
+from dprun.spec.input_schema import InputInfo, lookup_table
 from dprun.spec.row_expressions import row_filter
 
 if TYPE_CHECKING:
@@ -308,7 +308,12 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
     if plan.filter is not None:
         row_filter(plan.filter)
     frame = _scan(spark, info)
-    for name, text in derive.items():
+    for name, text in info.reading.derive.items():
+        frame = frame.withColumn(name, f.expr(text))
+    for lookup in info.lookups:
+        # Public and small (`lookup_table` reads it whole and checks its keys): broadcast to every task.
+        frame = frame.join(f.broadcast(_to_spark(spark, lookup_table(lookup))), on=list(lookup.on), how=lookup.how)
+    for name, text in plan.derive:
         frame = frame.withColumn(name, f.expr(text))
     if plan.filter is not None:
         frame = frame.filter(f.expr(plan.filter))
@@ -645,7 +650,7 @@ def _key_schema(plan: QueryPlan, info: InputInfo, keys: list[str]) -> dict[str, 
     if not plan.group_by:
         return {GLOBAL_KEY: pl.Int8}
     values = {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    return {k: pl.Float64 if k in values else info.schema[k] for k in keys}
+    return {k: pl.Float64 if k in values else info.joined_schema[k] for k in keys}
 
 
 def _storage_level() -> Any:

@@ -11,13 +11,24 @@ from __future__ import annotations
 import csv
 import glob
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
 import polars as pl
 
-from dprun.spec.models import CSV_OPTIONS, KINDS_WITH_VALUES, ColumnType, InputSpec, PublicColumn, Query, Scalar, Spec
+from dprun.errors import DataError
+from dprun.spec.models import (
+    CSV_OPTIONS,
+    KINDS_WITH_VALUES,
+    ColumnType,
+    InputSpec,
+    Join,
+    PublicColumn,
+    Query,
+    Scalar,
+    Spec,
+)
 from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression, row_filter
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
@@ -38,13 +49,42 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
 
 @dataclass(frozen=True)
 class InputInfo:
-    """An input as validated: its files, format, how to read them, and the schema the engines see."""
+    """An input as validated: its files, format, how to read them, and the schema of its files
+    (derived columns included). A query's input may join public lookup tables (`lookups`):
+    `joined_schema` is then what the query sees."""
 
     name: str
     paths: tuple[Path, ...]
     format: str
     schema: dict[str, pl.DataType]
     reading: InputSpec
+    lookups: tuple[Lookup, ...] = ()
+
+    @property
+    def joined_schema(self) -> dict[str, pl.DataType]:
+        schema = dict(self.schema)
+        for lookup in self.lookups:
+            schema |= {name: dtype for name, dtype in lookup.info.schema.items() if name not in lookup.on}
+        return schema
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A public lookup input joined on `on` (`how`: inner or left); its `on` columns are unique."""
+
+    info: InputInfo
+    on: tuple[str, ...]
+    how: str
+
+
+def lookup_table(lookup: Lookup) -> pl.DataFrame:
+    """The whole lookup table (it is public), checked again for unique join keys: the file may have
+    changed since `validate`, and a duplicate key would copy a person's rows."""
+    table = scan(lookup.info).collect()
+    if table.select(pl.struct(list(lookup.on)).is_duplicated().any()).item():
+        raise DataError(f"input '{lookup.info.name}': the join column(s) {', '.join(lookup.on)} are not unique; "
+                        "a duplicate key would count a person's rows twice")
+    return table
 
 
 def input_format(path: str, declared: str | None) -> str | None:
@@ -66,8 +106,12 @@ def scan(info: InputInfo) -> pl.LazyFrame:
     types = info.reading.column_types()
     read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
                for name, dtype in info.schema.items() if name not in info.reading.derive}
-    return with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
-                        info.reading.derive)
+    frame = with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
+                         info.reading.derive)
+    for lookup in info.lookups:
+        # The lookup is small and public: joined from memory, the private side streams past it.
+        frame = frame.join(lookup_table(lookup).lazy(), on=list(lookup.on), how=lookup.how)  # type: ignore[arg-type]
+    return frame
 
 
 def with_derived(frame: pl.LazyFrame, derive: dict[str, str]) -> pl.LazyFrame:
@@ -104,7 +148,7 @@ def derived_schema(schema: dict[str, pl.DataType], derive: dict[str, str],
 def query_schema(query: Query, info: InputInfo) -> dict[str, pl.DataType]:
     """The columns a query sees: its input's (derived ones included) and its own derived ones
     (`validate` has checked them)."""
-    return derived_schema(info.schema, query.derive, ("derive",))[0]
+    return derived_schema(info.joined_schema, query.derive, ("derive",))[0]
 
 
 def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec | None = None) -> dict[str, pl.DataType]:
@@ -221,7 +265,12 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
             continue
         infos[name] = InputInfo(name, paths, fmt, schema, declared)
     for index, query in enumerate(spec.queries):
-        info = infos.get(query.input)
+        info = infos.get(query.private_input)
+        if info is not None and not isinstance(query.input, str):
+            info, join_findings = _joined(query.input, info, infos, base_dir)
+            findings += [(("queries", index, "input", *path), message) for path, message in join_findings]
+            if info is not None:
+                infos[query.input_name] = info
         if info is not None:
             findings += _query_columns(spec, query, info, ("queries", index))
             public = _public_file(query, base_dir)
@@ -229,6 +278,41 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
             if not public and query.partitions is not None and query.partitions.is_public:
                 findings += [(("queries", index, *path), msg) for path, msg in _public_key_types(query, base_dir, info)]
     return infos, findings
+
+
+def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo], base_dir: Path
+            ) -> tuple[InputInfo | None, list[Finding]]:
+    """The private input with its lookups, after checking the join columns on every side and that
+    every lookup's join keys are unique (read from the public file, before any private row)."""
+    on = tuple(join.on_columns)
+    lookups = []
+    seen = set(private.schema)
+    for index, name in enumerate(join.join[1:], start=1):
+        lookup = infos.get(name)
+        if lookup is None:
+            return None, []
+        for side in (private, lookup):
+            missing = [column for column in on if column not in side.schema]
+            if missing:
+                return None, [(("on",), f"join column '{missing[0]}' is not in input '{side.name}'")]
+        for column in on:
+            if private.schema[column] != lookup.schema[column]:
+                return None, [(("on",), f"join column '{column}' is {private.schema[column]} in '{private.name}' "
+                                        f"but {lookup.schema[column]} in '{name}'")]
+        clash = sorted(c for c in lookup.schema if c not in on and c in seen)
+        if clash:
+            return None, [(("join", index), f"input '{name}' has a column '{clash[0]}' that an earlier input of the "
+                                            "join has too; rename it with `derive` in the input")]
+        seen |= set(lookup.schema)
+        entry = Lookup(lookup, on, join.how)
+        try:
+            lookup_table(entry)
+        except DataError as exc:
+            return None, [(("join", index), str(exc))]
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            return None, [(("join", index), f"cannot read the lookup ({type(exc).__name__})")]
+        lookups.append(entry)
+    return replace(private, name="+".join(join.join), lookups=tuple(lookups)), []
 
 
 def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Finding]:
@@ -245,7 +329,7 @@ def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Fin
 
 
 def _query_columns(spec: Spec, query: Query, info: InputInfo, at: FieldPath) -> list[Finding]:
-    schema, findings = derived_schema(info.schema, query.derive, (*at, "derive"))
+    schema, findings = derived_schema(info.joined_schema, query.derive, (*at, "derive"))
     if findings:
         return findings
 

@@ -109,6 +109,9 @@ class InputSpec(Strict):
         default_factory=dict, description="Column types to read with, instead of inferring them.")
     derive: dict[ColumnName, str] = Field(
         default_factory=dict, description="New columns, each a row-wise Polars SQL expression of the input's columns.")
+    public: bool = Field(default=False, description=(
+        "A public lookup table: read whole, it holds no privacy unit, and it can only be joined to a private "
+        "input (its values may then be partition keys)."))
 
     @field_validator("separator", "quote_char")
     @classmethod
@@ -261,9 +264,22 @@ class Output(Strict):
     overwrite: bool = False
 
 
+class Join(Strict):
+    """A private input joined with public lookup tables on some columns."""
+
+    join: list[str] = Field(min_length=2, description="The private input first, then the public lookup inputs.")
+    on: str | Annotated[list[str], Field(min_length=1)] = Field(description="The column(s) every input joins on.")
+    how: Literal["inner", "left"] = Field(default="inner", description=(
+        "inner: a row whose key a lookup lacks is dropped; left: it is kept, with nulls for the lookup's columns."))
+
+    @property
+    def on_columns(self) -> list[str]:
+        return [self.on] if isinstance(self.on, str) else list(self.on)
+
+
 class Query(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    input: str
+    input: str | Join
     derive: dict[ColumnName, str] = Field(
         default_factory=dict, description="New columns for this query, each a row-wise Polars SQL expression.")
     filter: str | None = Field(default=None, description="Row filter, a Polars SQL expression.")
@@ -274,6 +290,15 @@ class Query(Strict):
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice = "auto"
     output: Output
+
+    @property
+    def input_name(self) -> str:
+        """The input's name, or for a join its inputs' names joined by `+`."""
+        return self.input if isinstance(self.input, str) else "+".join(self.input.join)
+
+    @property
+    def private_input(self) -> str:
+        return self.input if isinstance(self.input, str) else self.input.join[0]
 
 
 class Spec(Strict):

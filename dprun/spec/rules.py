@@ -32,11 +32,29 @@ def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
         findings += _listed_twice(spec.privacy_unit, ("privacy_unit",))
     for index, query in enumerate(spec.queries):
         at: FieldPath = ("queries", index)
-        if query.input not in spec.inputs:
-            known = ", ".join(sorted(spec.inputs))
-            findings.append(((*at, "input"), f"no input named '{query.input}' (inputs: {known})"))
+        findings += [((*at, "input", *path), message) for path, message in _input_findings(query, spec)]
         findings += [((*at, *path), message) for path, message in _query_findings(query, spec)]
     return findings
+
+
+def _input_findings(query: Query, spec: Spec) -> list[Finding]:
+    """A query reads one private input, alone or joined with public lookup inputs."""
+    known = ", ".join(sorted(spec.inputs))
+    names = [query.input] if isinstance(query.input, str) else query.input.join
+    paths: list[FieldPath] = [()] if isinstance(query.input, str) else [("join", i) for i in range(len(names))]
+    for name, path in zip(names, paths, strict=True):
+        if name not in spec.inputs:
+            return [(path, f"no input named '{name}' (inputs: {known})")]
+    if spec.inputs[names[0]].public:
+        return [(paths[0], f"'{names[0]}' is a public input: a query reads a private input, which it may join "
+                           "with public ones")]
+    for name, path in zip(names[1:], paths[1:], strict=True):
+        if not spec.inputs[name].public:
+            return [(path, f"'{name}' is a private input: only public lookup inputs (`public: true`) can be "
+                           "joined to a query's private input")]
+    if len(set(names)) < len(names):
+        return [(paths[-1], "an input is joined twice")]
+    return []
 
 
 def resolved(path: Path) -> Path:
