@@ -216,6 +216,17 @@ def test_identical_tables_on_every_input_format_selection_mechanism_and_quantile
     assert_identical(expected, actual)
 
 
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spark: Any, how: str) -> None:
+    from test_joins import write  # noqa: PLC0415 - the join test's spec, with a key the lookup lacks
+
+    spec = write(tmp_path, {"join": ["visits", "shops"], "on": "shop", "how": how},
+                 partitions={"selection": "laplace_threshold"})
+    expected, actual = run_both(spec, spark)
+    assert expected["q"]["city"].null_count() == (1 if how == "left" else 0)
+    assert_identical(expected, actual)
+
+
 # --- (b) heavy units ----------------------------------------------------------------------
 
 KEYS = 20
