@@ -13,7 +13,11 @@ from dataclasses import dataclass
 import polars as pl
 
 from dprun.mechanisms.noise import NoiseKind, gaussian_allowed
-from dprun.mechanisms.quantile_candidates import plan_candidates, rank_error_scale, round_grid_count
+from dprun.mechanisms.quantile_candidates import (
+    plan_candidates,
+    rank_error_scale,
+    round_grid_count,
+)
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_rms
 from dprun.mechanisms.quantities import (
     QuantileMethod,

@@ -16,12 +16,15 @@ import platform
 from pathlib import Path
 from typing import Any
 
-
 from dprun import __version__
 from dprun.errors import DataError
-from dprun.mechanisms.normal import ndtri
 from dprun.mechanisms.noise import NoisePlan
-from dprun.mechanisms.quantile_candidates import CandidateGrid, CandidatePlan, rank_error_scale
+from dprun.mechanisms.normal import ndtri
+from dprun.mechanisms.quantile_candidates import (
+    CandidateGrid,
+    CandidatePlan,
+    rank_error_scale,
+)
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
 from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan
 from dprun.spec.input_schema import InputInfo

@@ -13,7 +13,6 @@ from typing import Any
 
 import polars as pl
 import pytest
-
 from dprun_testing import everything, invoke
 
 SHOPS = pl.DataFrame({"shop": ["s0", "s1", "s2"], "city": ["Lyon", "Lyon", "Nantes"]})

@@ -16,9 +16,12 @@ import polars as pl
 
 from dprun.engines.polars_steps import GLOBAL_KEY, UNITS
 from dprun.mechanisms import selection
-from dprun.mechanisms.noise import add_noise
-from dprun.mechanisms.noise import NoisePlan
-from dprun.mechanisms.quantile_candidates import CandidateGrid, CandidatePlan, answer_candidates
+from dprun.mechanisms.noise import NoisePlan, add_noise
+from dprun.mechanisms.quantile_candidates import (
+    CandidateGrid,
+    CandidatePlan,
+    answer_candidates,
+)
 from dprun.mechanisms.quantile_tree import TreeShape, answer_quantiles
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource

@@ -29,7 +29,12 @@ from dprun.spec.models import (
     Scalar,
     Spec,
 )
-from dprun.spec.row_expressions import NotRowWise, first_line, parse_row_expression, row_filter
+from dprun.spec.row_expressions import (
+    NotRowWise,
+    first_line,
+    parse_row_expression,
+    row_filter,
+)
 from dprun.spec.rules import Finding
 from dprun.spec.yaml_loader import FieldPath
 
