@@ -64,5 +64,16 @@ def main() -> NoReturn:
     # allocated keeps the malloc arena it got (`keep_freed_memory`); Polars' allocator reads
     # its options when Polars is imported (`keep_polars_freed_memory`).
     from dprun.cli import main as cli_main
+    from dprun.errors import ExitCode
 
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit as done:
+        if done.code != ExitCode.INTERRUPTED:
+            raise
+        # An interrupted Polars query's native threads may still be running, and Python's
+        # finalisation under them can abort the process (exit -6) after the message was
+        # written. Scratch files are gone and nothing was published: leave without finalising.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)
