@@ -148,17 +148,6 @@ def _mode(query: Query) -> PartitionMode:
 MetricQuantities = list[tuple[Metric, list[Quantity]]]
 
 
-def _known_partitions(query: Query, validated: ValidatedSpec) -> float:
-    """How many partitions the query releases, where that is known before reading data (else infinity)."""
-    mode = _mode(query)
-    if mode == "global":
-        return 1
-    if mode == "public":
-        schema = query_schema(query, validated.inputs[query.input_name])
-        return public_keys_frame(query, validated.loaded.base_dir, schema).height
-    return math.inf
-
-
 def _metric_quantities(query: Query, choices: dict[int, QuantileChoice]) -> MetricQuantities:
     """Each metric with its quantities; a quantile metric's follow its method in `choices`."""
     m = query.contribution_bounds.max_contributions_per_partition
@@ -211,10 +200,17 @@ def _plan_query(
     bounds = query.contribution_bounds
     l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
     separate = mechanism in SEPARATE_SELECTIONS
-    choices = quantile_choices(query, epsilon, delta, validated, _known_partitions(query, validated))
+    input_info = validated.inputs[query.input_name]
+    mode = _mode(query)
+    public_keys = None
+    if mode == "public":
+        public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
+    # Partitions known before any data is read: one, the public keys, or (private) unknown.
+    known = 1 if mode == "global" else public_keys.height if public_keys is not None else math.inf
+    choices = quantile_choices(query, epsilon, delta, validated, known)
     metric_quantities = _metric_quantities(query, choices)
     weights = _weights(query, metric_quantities, mechanism if separate else None)
-    private = _mode(query) == "private"
+    private = mode == "private"
     epsilon_weight = sum(weights.quantities.values()) + weights.selection
     quantities = {q.id: q for _, qs in metric_quantities for q in qs}
     kinds = _choose_noise(query, metric_quantities, weights, epsilon, delta, private)
@@ -255,10 +251,6 @@ def _plan_query(
         )
         for index, (metric, qs) in enumerate(metric_quantities)
     )
-    input_info = validated.inputs[query.input_name]
-    public_keys = None
-    if _mode(query) == "public":
-        public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
     output_path = validated.loaded.target(query.output.path)
     return QueryPlan(
         name=query.name,

@@ -82,7 +82,7 @@ def leaf_expr(quantity: Quantity) -> pl.Expr:
     return tree_shape(quantity).leaf_expr(quantity.column)
 
 
-def quantile_levels(plan: QueryPlan, noisy: NoisyQuantity) -> list[float]:
+def _levels_asked(plan: QueryPlan, noisy: NoisyQuantity) -> list[float]:
     """The levels asked of one quantile quantity, sorted (a tree answers every metric that shares it)."""
     return sorted({level for m in plan.metrics if noisy.quantity.id in m.quantity_ids for level in m.levels})
 
@@ -90,7 +90,7 @@ def quantile_levels(plan: QueryPlan, noisy: NoisyQuantity) -> list[float]:
 def answer_quantile(noisy: NoisyQuantity, plan: QueryPlan, leaf_weights: pl.DataFrame, partitions: int,
                     source: RandomSource) -> dict[float, np.ndarray]:
     """One quantile quantity's answers per level, from col : (partition, leaf, weight) of the bounded rows."""
-    levels = quantile_levels(plan, noisy)
+    levels = _levels_asked(plan, noisy)
     quantity, mechanism = noisy.quantity, noisy.noise
     if isinstance(mechanism, CandidatePlan):
         answers = answer_candidates(leaf_weights, partitions, candidate_grid(quantity), list(quantity.levels),

@@ -79,7 +79,7 @@ class Lookup:
 
     info: InputInfo
     on: tuple[str, ...]
-    how: str
+    how: Literal["inner", "left"]
 
 
 def lookup_table(lookup: Lookup) -> pl.DataFrame:
@@ -115,7 +115,7 @@ def scan(info: InputInfo) -> pl.LazyFrame:
                          info.reading.derive)
     for lookup in info.lookups:
         # The lookup is small and public: joined from memory, the private side streams past it.
-        frame = frame.join(lookup_table(lookup).lazy(), on=list(lookup.on), how=lookup.how)  # type: ignore[arg-type]
+        frame = frame.join(lookup_table(lookup).lazy(), on=list(lookup.on), how=lookup.how)
     return frame
 
 
@@ -272,7 +272,7 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
     for index, query in enumerate(spec.queries):
         info = infos.get(query.private_input)
         if info is not None and not isinstance(query.input, str):
-            info, join_findings = _joined(query.input, info, infos, base_dir)
+            info, join_findings = _joined(query.input, info, infos)
             findings += [(("queries", index, "input", *path), message) for path, message in join_findings]
             if info is not None:
                 infos[query.input_name] = info
@@ -285,8 +285,7 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
     return infos, findings
 
 
-def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo], base_dir: Path
-            ) -> tuple[InputInfo | None, list[Finding]]:
+def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo]) -> tuple[InputInfo | None, list[Finding]]:
     """The private input with its lookups, after checking the join columns on every side and that
     every lookup's join keys are unique (read from the public file, before any private row)."""
     on = tuple(join.on_columns)
@@ -307,7 +306,7 @@ def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo], base_di
         clash = sorted(c for c in lookup.schema if c not in on and c in seen)
         if clash:
             return None, [(("join", index), f"input '{name}' has a column '{clash[0]}' that an earlier input of the "
-                                            "join has too; rename it with `derive` in the input")]
+                                            "join has too: inputs of a join share only their join columns")]
         seen |= set(lookup.schema)
         entry = Lookup(lookup, on, join.how)
         try:
