@@ -143,7 +143,9 @@ delta_values = st.floats(min_value=1e-15, max_value=0.49)
 def test_sigma_decreases_in_epsilon(sensitivity: float, e1: float, e2: float, delta: float) -> None:
     low, high = sorted((e1, e2))
     less_noise = analytic_gaussian_sigma(sensitivity, high, delta)
-    assert less_noise <= analytic_gaussian_sigma(sensitivity, low, delta) * (1 + 1e-11)
+    # Up to the solver's documented precision (1e-7 relative): for ε a few ulps apart, the
+    # rounding of `gaussian_delta` near δ = 1e-15 moved the crossing by 1.5e-11.
+    assert less_noise <= analytic_gaussian_sigma(sensitivity, low, delta) * (1 + 1e-7)
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,7 +153,7 @@ def test_sigma_decreases_in_epsilon(sensitivity: float, e1: float, e2: float, de
 def test_sigma_decreases_in_delta(sensitivity: float, epsilon: float, d1: float, d2: float) -> None:
     low, high = sorted((d1, d2))
     less_noise = analytic_gaussian_sigma(sensitivity, epsilon, high)
-    assert less_noise <= analytic_gaussian_sigma(sensitivity, epsilon, low) * (1 + 1e-11)
+    assert less_noise <= analytic_gaussian_sigma(sensitivity, epsilon, low) * (1 + 1e-7)  # precision, as above
 
 
 @settings(max_examples=60, deadline=None)
