@@ -258,12 +258,13 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
 
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
     refuse_existing([*targets, *((path, True) for path in report_files(the_plan.report_path))])
-    for name in sorted({q.input for q in the_plan.queries}):
+    read = sorted({name for q in the_plan.queries for name in (q.private_input, *(j.input for j in q.joins))})
+    for name in read:
         if progress is not None and validated.inputs[name].format != "parquet":
             progress(f"checking the rows of input {name}")
         check_rows(validated.inputs[name])
     if engine == "spark":
-        for name in sorted({q.input for q in the_plan.queries}):
+        for name in read:
             spark_engine.refuse_unreadable(validated.inputs[name])
     spark = _spark(spark_options, progress) if engine == "spark" else None
     tables: dict[str, pl.DataFrame] = {}
@@ -277,17 +278,18 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
             workdir = Path(scratch) / str(index)
             workdir.mkdir()
             try:
+                info = validated.query_inputs[query.name]
                 if spark is not None:
-                    tables[query.name] = spark_engine.run_query(query, validated.inputs[query.input], source, spark)
+                    tables[query.name] = spark_engine.run_query(query, info, source, spark)
                 else:
-                    tables[query.name] = polars_engine.run_query(query, validated.inputs[query.input], source,
-                                                                 workdir)
+                    tables[query.name] = polars_engine.run_query(query, info, source, workdir)
             except OSError as exc:
                 # Reading an input (removed since validation?) or writing scratch files.
                 raise run_failure(exc, workdir) from None
             except DataError:
                 # Polars stopped at a value without saying where: find it, then say so.
-                check_rows(validated.inputs[query.input], every_value=True)
+                for name in (query.private_input, *(j.input for j in query.joins)):
+                    check_rows(validated.inputs[name], every_value=True)
                 raise
             except pl.exceptions.PanicException:
                 raise DprunError(

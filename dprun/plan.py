@@ -79,6 +79,18 @@ class SelectionPlan:
 
 
 @dataclass(frozen=True)
+class JoinPlan:
+    """An input joined to a query's private input: a public lookup (unique `on` keys), or a private
+    input joined on the privacy unit, whose rows per unit are first cut to `max_rows_per_unit`."""
+
+    input: str
+    on: tuple[str, ...]
+    how: Literal["inner", "left"]
+    public: bool
+    max_rows_per_unit: int | None = None
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     name: str
     input: str
@@ -97,14 +109,22 @@ class QueryPlan:
     epsilon: float = 0.0
     delta: float = 0.0
     derive: tuple[tuple[str, str], ...] = ()  # the query's derived columns: (name, SQL), in order
-    # public lookup inputs joined to the private input: (input name, join columns, inner|left)
-    joins: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+    joins: tuple[JoinPlan, ...] = ()  # the inputs joined to the private input, in order
+    # rows each privacy unit keeps of the private input before a join of private inputs (None: all)
+    input_max_rows_per_unit: int | None = None
 
     @property
     def private_input(self) -> str:
-        """The private input's name (`input` is `private+lookup+…` for a join)."""
-        joined = "".join(f"+{name}" for name, _, _ in self.joins)
+        """The private input's name (`input` is `private+joined+…` for a join)."""
+        joined = "".join(f"+{join.input}" for join in self.joins)
         return self.input[: len(self.input) - len(joined)]
+
+    @property
+    def truncation(self) -> dict[str, int]:
+        """Rows kept per privacy unit, by private input, before a join of private inputs."""
+        bounds = {self.private_input: self.input_max_rows_per_unit}
+        bounds |= {join.input: join.max_rows_per_unit for join in self.joins}
+        return {name: bound for name, bound in bounds.items() if bound is not None}
 
     def quantity(self, quantity_id: str) -> NoisyQuantity:
         return next(q for q in self.quantities if q.quantity.id == quantity_id)

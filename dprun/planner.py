@@ -32,6 +32,7 @@ from dprun.mechanisms.quantities import (
     quantile_candidates,
 )
 from dprun.plan import (
+    JoinPlan,
     MetricPlan,
     NoisyQuantity,
     PartitionMode,
@@ -200,7 +201,7 @@ def _plan_query(
     bounds = query.contribution_bounds
     l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
     separate = mechanism in SEPARATE_SELECTIONS
-    input_info = validated.inputs[query.input_name]
+    input_info = validated.query_inputs[query.name]
     mode = _mode(query)
     public_keys = None
     if mode == "public":
@@ -270,8 +271,19 @@ def _plan_query(
         epsilon=epsilon,
         delta=delta,
         derive=tuple(query.derive.items()),
-        joins=tuple((lookup.info.name, lookup.on, lookup.how) for lookup in input_info.lookups),
+        joins=_join_plans(query, validated),
+        input_max_rows_per_unit=None if isinstance(query.input, str) else query.input.max_rows_per_unit.get(
+            query.private_input),
     )
+
+
+def _join_plans(query: Query, validated: ValidatedSpec) -> tuple[JoinPlan, ...]:
+    if isinstance(query.input, str):
+        return ()
+    join = query.input
+    return tuple(JoinPlan(name, tuple(join.on_columns), join.how, public=validated.inputs[name].reading.public,
+                          max_rows_per_unit=join.max_rows_per_unit.get(name))
+                 for name in join.join[1:])
 
 
 def _choose_noise(

@@ -74,7 +74,7 @@ def quantile_choices(query: Query, epsilon: float, delta: float, validated: Vali
     """
     m = query.contribution_bounds.max_contributions_per_partition
     l0 = query.contribution_bounds.max_partitions_contributed
-    schema = query_schema(query, validated.inputs[query.input_name])
+    schema = query_schema(query, validated.query_inputs[query.name])
     total_share = sum(metric.budget_share for metric in query.metrics)
     few = known_partitions <= FEW_PARTITIONS
     groups: dict[tuple[str | None, tuple[float, float] | None], list[int]] = {}

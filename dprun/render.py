@@ -41,12 +41,20 @@ def _quantile_accuracy(metric: dict[str, Any]) -> str:
 
 
 def _input_line(query: dict[str, Any]) -> str:
-    """E.g. `input: visits, joined with public restaurants on restaurant_id (inner: rows without a match dropped)`."""
+    """E.g. `input: visits, joined with public restaurants on restaurant_id (inner: rows without a match dropped)`;
+    a join of private inputs also says how many rows per privacy unit each keeps."""
+    bounds = query.get("max_rows_per_unit", {})
+
+    def cut(name: str) -> str:
+        return f" (at most {bounds[name]:,} row{'s' if bounds[name] > 1 else ''} per privacy unit)" if name in bounds \
+            else ""
+
     joins = "".join(
-        f", joined with public {j['input']} on {', '.join(j['on'])} "
+        f", joined with {'public' if j.get('public', True) else 'private'} {j['input']}{cut(j['input'])} "
+        f"on {', '.join(j['on'])} "
         f"({'inner: rows without a match dropped' if j['how'] == 'inner' else 'left: rows without a match kept'})"
         for j in query.get("joins", []))
-    return f"input: {query['input']}{joins}"
+    return f"input: {query['input']}{cut(query['input'])}{joins}"
 
 
 def _selection_line(query: dict[str, Any]) -> str:

@@ -52,7 +52,8 @@ def _explain_query(query: QueryPlan) -> dict[str, Any]:
     return {
         "name": query.name,
         "input": query.private_input,
-        "joins": [{"input": name, "on": list(on), "how": how} for name, on, how in query.joins],
+        "joins": [{"input": j.input, "on": list(j.on), "how": j.how, "public": j.public} for j in query.joins],
+        "max_rows_per_unit": query.truncation,
         "epsilon_share": query.epsilon,
         "delta_share": query.delta,
         "contribution_bounds": {
@@ -187,8 +188,7 @@ def input_fingerprints(inputs: dict[str, InputInfo]) -> list[dict[str, Any]]:
         return [
             {"name": info.name, "format": info.format, "path": str(path), "bytes": path.stat().st_size,
              "sha256": file_fingerprint(path, info.format)}
-            # A query's join (`lookups`) repeats its inputs' files, which are listed under their own names.
-            for info in inputs.values() if not info.lookups for path in info.paths
+            for info in inputs.values() for path in info.paths
         ]
     except OSError as exc:
         raise DataError(f"an input file could not be read ({exc.strerror or type(exc).__name__}); was it "

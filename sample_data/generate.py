@@ -11,6 +11,8 @@ as privacy unit. It is shaped so that the DP machinery has something to do:
 * `restaurants.csv` lists r13 and r14, which never occur in the visits: public
   partitions with no data. Its `city` and `cuisine` columns make it a public lookup
   table to join with the visits.
+* `visitors.csv` is a second private table (age band, home city per visitor) to join
+  with the visits on the privacy unit; a few visitors who moved have two rows.
 
 The generator is seeded, sorts its rows on every column and writes with
 polars, so re-running it reproduces the files byte for byte.
@@ -138,12 +140,37 @@ def restaurants_frame() -> pl.DataFrame:
     })
 
 
+AGE_BANDS = ("18-24", "25-34", "35-49", "50-64", "65+")
+AGE_WEIGHTS = (0.14, 0.26, 0.28, 0.20, 0.12)
+MOVED_RATE = 0.02  # Visitors who moved this month: two rows, one per home city.
+
+
+def visitors_frame() -> pl.DataFrame:
+    """Private profile of each visitor (age band, home city); a few who moved have two rows.
+
+    Drawn from its own generator, so the visits stay the same byte for byte.
+    """
+    rng = np.random.default_rng(SEED + 1)
+    ids = [f"v{v:06d}" for v in range(1, N_VISITORS + 1)]
+    bands = rng.choice(len(AGE_BANDS), N_VISITORS, p=AGE_WEIGHTS)
+    cities = rng.integers(0, len(CITIES), N_VISITORS)
+    moved = np.flatnonzero(rng.random(N_VISITORS) < MOVED_RATE)
+    new_cities = (cities[moved] + rng.integers(1, len(CITIES), moved.size)) % len(CITIES)
+    frame = pl.DataFrame({
+        "visitor_id": ids + [ids[i] for i in moved],
+        "age_band": [AGE_BANDS[b] for b in bands] + [AGE_BANDS[bands[i]] for i in moved],
+        "home_city": [CITIES[c] for c in cities] + [CITIES[c] for c in new_cities],
+    })
+    return frame.sort(["visitor_id", "home_city"])
+
+
 def main() -> None:
     rng = np.random.default_rng(SEED)
     visits = visits_frame(rng)
     visits.write_csv(OUT_DIR / "visits.csv", float_precision=2)
     visits.write_parquet(OUT_DIR / "visits.parquet", compression="zstd", statistics=True)
     restaurants_frame().write_csv(OUT_DIR / "restaurants.csv")
+    visitors_frame().write_csv(OUT_DIR / "visitors.csv")
     print(
         f"{visits.height} visits by {visits['visitor_id'].n_unique()} visitors "
         f"written to {OUT_DIR}"

@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import click
+import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 
@@ -48,6 +51,15 @@ def invoke_clean(*args: str) -> Result:
 def everything(result: Result) -> str:
     """Everything the run printed: stdout then stderr."""
     return result.stdout + result.stderr
+
+
+def released_column(spec: Path, metric: str) -> dict[Any, Any]:
+    """`dprun run SPEC` through the CLI, then its output `out/q.csv` read back with Polars: the
+    first column (the partition key) → the `metric` column."""
+    result = invoke("run", str(spec), "--overwrite")
+    assert result.exit_code == 0, everything(result)
+    table = pl.read_csv(spec.parent / "out" / "q.csv")
+    return dict(zip(table[table.columns[0]].to_list(), table[metric].to_list(), strict=True))
 
 
 def fresh_seed(nbytes: int = 7) -> int:

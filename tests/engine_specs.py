@@ -19,7 +19,7 @@ def run_ok(spec: Path, seed: int) -> Result:
 
 
 def query(name: str, group_by: list[str], metrics: list[dict[str, Any]], *, l0: int = 1, m: int = 1,
-          partitions: dict[str, Any] | None = None, input_name: str = "data") -> dict[str, Any]:
+          partitions: dict[str, Any] | None = None, input_name: str | dict[str, Any] = "data") -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name,
         "input": input_name,

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from dprun_testing import everything, invoke
+from dprun_testing import everything, invoke, released_column
 
 SHOPS = pl.DataFrame({"shop": ["s0", "s1", "s2"], "city": ["Lyon", "Lyon", "Nantes"]})
 # Four kinds of unit, five of each: u3's shop s9 is not in the lookup; u1 has rows in two shops of Lyon.
@@ -49,10 +49,7 @@ def write(folder: Path, join: dict[str, Any] | str, *, shops: pl.DataFrame = SHO
 
 
 def released(spec: Path) -> dict[Any, int]:
-    result = invoke("run", str(spec), "--overwrite")
-    assert result.exit_code == 0, everything(result)
-    table = pl.read_csv(spec.parent / "out" / "q.csv")
-    return dict(zip(table[table.columns[0]].to_list(), table["visits"].to_list(), strict=True))
+    return released_column(spec, "visits")
 
 
 def test_an_inner_join_drops_rows_whose_key_the_lookup_lacks(tmp_path: Path) -> None:
@@ -76,7 +73,8 @@ def test_explain_budget_shows_the_join(tmp_path: Path) -> None:
     assert "input: visits, joined with public shops on shop (inner: rows without a match dropped)" in result.output
     data = json.loads(invoke("explain-budget", str(spec), "--format", "json").output)
     assert data["queries"][0]["input"] == "visits"
-    assert data["queries"][0]["joins"] == [{"input": "shops", "on": ["shop"], "how": "inner"}]
+    assert data["queries"][0]["joins"] == [{"input": "shops", "on": ["shop"], "how": "inner", "public": True}]
+    assert data["queries"][0]["max_rows_per_unit"] == {}
 
 
 def refusal(spec: Path) -> str:
@@ -104,13 +102,13 @@ def test_a_duplicate_key_added_after_validate_fails_the_run(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("join", "public", "expected"), [
-    ({"join": ["visits", "shops"], "on": "shop"}, False, "only public lookup inputs"),
+    ({"join": ["visits", "shops"], "on": "shop"}, False, "a join of private inputs must be on the privacy unit"),
     ({"join": ["shops", "visits"], "on": "shop"}, True, "is a public input"),
     ("shops", True, "is a public input"),
     ({"join": ["visits", "shops"], "on": "city"}, True, "join column 'city' is not in input 'visits'"),
     ({"join": ["visits", "nope"], "on": "shop"}, True, "no input named 'nope'"),
 ])
-def test_joins_that_are_not_a_private_input_with_public_lookups_are_refused(
+def test_joins_that_are_not_a_private_input_with_lookups_or_on_the_unit_are_refused(
         tmp_path: Path, join: dict[str, Any] | str, public: bool, expected: str) -> None:
     message = refusal(write(tmp_path, join, public=public, group_by=["shop"], partitions={"public": ["s0"]}))
     assert expected in message and "queries[0].input" in message

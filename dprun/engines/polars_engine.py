@@ -40,19 +40,21 @@ from dprun.engines.polars_steps import (
     GLOBAL_KEY,
     LEAF,
     PARTITION,
+    TRUNCATION_KEY,
     UNITS,
     WEIGHT,
     collect,
     row_units,
     scaled_partial,
     sink,
+    truncated,
 )
 from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
 from dprun.mechanisms.quantile_tree import unit_weight_expr
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.spec.input_schema import InputInfo, scan, with_derived
+from dprun.spec.input_schema import InputInfo, lookup_table, scan, with_derived
 from dprun.spec.row_expressions import row_filter
 
 HASH = "__dprun_hash__"
@@ -70,8 +72,8 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     `workdir` is a private temporary folder for intermediate files (the caller removes it).
     """
     keys = release_steps.partition_keys(plan)
-    seed = source.hash_seeds()[0]
-    bounding = _bounding(plan, info, keys, seed, workdir)
+    seed, truncation_seed, _, _ = source.hash_seeds()
+    bounding = _bounding(plan, info, keys, (seed, truncation_seed), workdir)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
         chosen = release_steps.chosen_partitions(plan, bounding.unit_counts(), source)
@@ -89,14 +91,20 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     return release_steps.release_table(plan, sums, source, quantiles)
 
 
-def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> Bounding:
-    """The sorted fast path where the unit and key pack into integers, else the general hash path."""
-    rows = _rows(plan, info, keys)
+def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[int, int], workdir: Path) -> Bounding:
+    """The sorted fast path where the unit and key pack into integers, else the general hash path.
+
+    `seeds`: the run's secret keys for the cross-partition choice and for truncating the
+    private inputs of a join."""
+    seed, truncation_seed = seeds
+    rows = _rows(plan, info, keys, truncation_seed)
     if packable(plan, dict(rows.collect_schema()), keys[0]):
-        codes = codes_for(rows, plan.privacy_unit[0], keys[0], info)
+        # One input row meets at most this many rows of the private inputs joined to it.
+        fan_out = math.prod(join.max_rows_per_unit or 1 for join in plan.joins)
+        codes = codes_for(rows, plan.privacy_unit[0], keys[0], info, fan_out)
         if codes is not None:
             return SortedBounding(plan, rows, codes, seed, workdir)
-    return HashBounding(plan, info, keys, seed, workdir)
+    return HashBounding(plan, rows, info, keys, seed, workdir)
 
 
 class HashBounding:
@@ -105,9 +113,10 @@ class HashBounding:
     Works for any column types; also keeps what quantiles (trees or candidates) need.
     """
 
-    def __init__(self, plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> None:
+    def __init__(self, plan: QueryPlan, rows: pl.LazyFrame, info: InputInfo, keys: list[str], seed: int,
+                 workdir: Path) -> None:
         self.plan, self.keys, self.seed = plan, keys, seed
-        self.shards = _partial_shards(plan, info, keys, seed, workdir)
+        self.shards = _partial_shards(plan, rows, info, keys, seed, workdir)
         # col : (unit, partition keys, partial per quantity), one file per shard of units
         self.partials = [pl.scan_parquet(shard.partials) for shard in self.shards]
         self.bounded = [_cross_partition_bound(shard, plan, keys, seed) for shard in self.partials]
@@ -160,13 +169,13 @@ class Shard:
     trees: dict[str, Path]
 
 
-def _partial_shards(plan: QueryPlan, info: InputInfo, keys: list[str], seed: int, workdir: Path) -> list[Shard]:
-    """Write the per-(unit, partition) partials, sharded by a hash of the unit, to `workdir`.
+def _partial_shards(plan: QueryPlan, rows: pl.LazyFrame, info: InputInfo, keys: list[str], seed: int,
+                    workdir: Path) -> list[Shard]:
+    """Write the per-(unit, partition) partials of `rows`, sharded by a hash of the unit, to `workdir`.
 
     Every unit's rows land in one shard, so contribution bounding runs shard by shard
     exactly as on the whole; each shard is one streaming group-by in bounded memory.
     """
-    rows = _rows(plan, info, keys)
     count = _shard_count(info)
     if count == 1:
         return [_write_shard(rows, plan, keys, workdir, 0)]
@@ -242,10 +251,10 @@ def _key_schema(partials: list[pl.LazyFrame], keys: list[str]) -> dict[str, pl.D
     return {key: schema.get(key, pl.Int8()) for key in keys}
 
 
-def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
+def _rows(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> pl.LazyFrame:
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    frame = with_derived(scan(info), dict(plan.derive))
+    frame = with_derived(_joined_input(plan, info, truncation_seed), dict(plan.derive))
     if plan.filter is not None:
         frame = frame.filter(row_filter(plan.filter))
     frame = frame.select(sorted(columns))
@@ -259,6 +268,28 @@ def _rows(plan: QueryPlan, info: InputInfo, keys: list[str]) -> pl.LazyFrame:
     return frame.with_columns(
         pl.col(c).cast(pl.Float64).fill_nan(None) for c in sorted(value_columns)
     )
+
+
+def _joined_input(plan: QueryPlan, info: InputInfo, seed: int) -> pl.LazyFrame:
+    """The query's input: its private input joined with the inputs its spec joins, in order.
+
+    A public lookup is small: joined from memory (`lookup_table`), the private side streams
+    past it. A private input joined on the privacy unit is first cut to its rows per unit
+    (`truncated`), as is the query's own input when its bound is set.
+    """
+    units = list(plan.privacy_unit)
+    bounds = plan.truncation
+
+    def private(name: str, frame: pl.LazyFrame, position: int) -> pl.LazyFrame:
+        bound = bounds.get(name)
+        # Each input gets its own key, so that the cuts of two inputs are independent.
+        return frame if bound is None else truncated(frame, units, bound, seed ^ (TRUNCATION_KEY * position % 2**64))
+
+    frame = private(plan.private_input, scan(info), 1)
+    for position, joined in enumerate(info.joins, start=2):
+        other = lookup_table(joined).lazy() if joined.public else private(joined.info.name, scan(joined.info), position)
+        frame = frame.join(other, on=list(joined.on), how=joined.how)
+    return frame
 
 
 def _partials(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str]) -> pl.LazyFrame:

@@ -35,12 +35,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
+from dprun.engines.polars_steps import GLOBAL_KEY, UNITS, collect, row_units, scaled_partial, sink
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.quantities import Quantity
 from dprun.plan import QueryPlan
-from dprun.spec.input_schema import InputInfo
+from dprun.spec.input_schema import InputInfo, lookup_table
 
 PACKED = "__dprun_packed__"
 SHARD = "__dprun_shard__"
@@ -130,15 +130,17 @@ def packable(plan: QueryPlan, schema: dict[str, pl.DataType], key: str) -> bool:
     return all(column in schema and schema[column].is_integer() for column in (plan.privacy_unit[0], key))
 
 
-def codes_for(rows: pl.LazyFrame, unit: str, key: str, info: InputInfo) -> Codes | None:
+def codes_for(rows: pl.LazyFrame, unit: str, key: str, info: InputInfo, fan_out: int = 1) -> Codes | None:
     """The packing of this input's (unit, key), or None if its ranges do not fit in 62 bits.
 
-    The ranges come from the Parquet footers' statistics where every row group has them,
-    else from one streaming pass over the two columns. They decide how rows are packed and
-    sharded, never what is released; a row outside them fails the run (`Codes.packed`).
+    The ranges come from the Parquet footers' statistics where every row group has them (and,
+    for a key a public lookup adds, from the lookup), else from one streaming pass over the two
+    columns. `fan_out` bounds the rows a join makes of one row of the input. The ranges
+    decide how rows are packed and sharded, never what is released; a row outside them fails
+    the run (`Codes.packed`).
     """
     schema = rows.collect_schema()
-    ranges = _footer_ranges(info, unit, key) or _scanned_ranges(rows, unit, key)
+    ranges = _footer_ranges(info, unit, key, fan_out) or _scanned_ranges(rows, unit, key)
     (unit_min, unit_max), (key_min, key_max), count = ranges[unit], ranges[key], ranges["rows"]
     key_span = key_max - key_min + 1
     key_bits = key_span.bit_length()
@@ -163,24 +165,47 @@ def _scanned_ranges(rows: pl.LazyFrame, unit: str, key: str) -> Ranges:
     }
 
 
-def _footer_ranges(info: InputInfo, unit: str, key: str) -> Ranges | None:
-    """Row count and column ranges from Parquet footers alone (filters only narrow them)."""
-    if info.format != "parquet" or info.lookups:  # footers describe the private files, not a join's columns
+def _footer_ranges(info: InputInfo, unit: str, key: str, fan_out: int) -> Ranges | None:
+    """Row count and column ranges from Parquet footers and public lookups alone (filters only
+    narrow them). A join keeps a subset of its first input's units, and takes a key from the
+    input that holds the column; a lookup's key range is read from the (public) lookup."""
+    if key == GLOBAL_KEY:  # the global partition: one key, 0
+        found = _parquet_ranges(info, [unit])
+        return None if found is None else found | {key: (0, 0), "rows": found["rows"] * fan_out}
+    if key not in info.joined_schema:  # derived by the query
         return None
-    found: Ranges = {"rows": 0, key: (0, 0)} if key not in info.schema else {"rows": 0}
-    wanted = [column for column in (unit, key) if column not in found]
+    holder = next((j for j in info.joins if key in j.info.schema and key not in j.on), None)
+    if holder is None:
+        found = _parquet_ranges(info, [unit, key])
+    elif holder.public:
+        values = lookup_table(holder).get_column(key).drop_nulls()
+        found = _parquet_ranges(info, [unit])
+        if found is not None:
+            found[key] = (int(values.min()), int(values.max())) if values.len() else (0, 0)  # type: ignore[arg-type]
+    else:
+        own, other = _parquet_ranges(info, [unit]), _parquet_ranges(holder.info, [key])
+        found = None if own is None or other is None else own | {key: other[key]}
+    return None if found is None else found | {"rows": found["rows"] * fan_out}
+
+
+def _parquet_ranges(info: InputInfo, columns: list[str]) -> Ranges | None:
+    """Row count and each column's (min, max) over every row group of a Parquet input, or None
+    where a footer lacks them (CSV, a derived column, a row group without statistics)."""
+    if info.format != "parquet":
+        return None
+    found: Ranges = {"rows": 0}
     for path in info.paths:
         metadata = pq.ParquetFile(path).metadata
         names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
         for group in (metadata.row_group(i) for i in range(metadata.num_row_groups)):
             found["rows"] += group.num_rows
-            for column in wanted:
+            for column in columns:
                 stats = group.column(names.index(column)).statistics if column in names else None
                 if stats is None or not stats.has_min_max:
                     return None
                 low, high = found.get(column, (stats.min, stats.max))
                 found[column] = (min(low, int(stats.min)), max(high, int(stats.max)))
-    return found if all(column in found for column in wanted) else None
+    return found if all(column in found for column in columns) else None
 
 
 @dataclass

@@ -50,7 +50,7 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import release_steps
-from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT
+from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, TRUNCATION_KEY, UNITS, WEIGHT
 from dprun.errors import DataError, DprunError, ExitCode
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
@@ -236,9 +236,9 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
     which L0 partitions a heavier unit keeps differs; both choices are uniform).
     """
     keys = release_steps.partition_keys(plan)
-    seed = source.hash_seeds()[0]
+    seed, truncation_seed, _, _ = source.hash_seeds()
     with _spark_errors():
-        rows = _rows(spark, plan, info, keys)
+        rows = _rows(spark, plan, info, keys, truncation_seed)
         partials = _partials(rows, plan, keys).persist(_storage_level())
         try:
             sums, bounded = _bounded_sums(spark, plan, info, partials, keys, seed, source)
@@ -260,9 +260,9 @@ def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Sp
     Columns: partition keys, UNITS, then one Int128 column per non-quantile quantity id.
     """
     keys = release_steps.partition_keys(plan)
-    seed = source.hash_seeds()[0]
+    seed, truncation_seed, _, _ = source.hash_seeds()
     with _spark_errors():
-        partials = _partials(_rows(spark, plan, info, keys), plan, keys)
+        partials = _partials(_rows(spark, plan, info, keys, truncation_seed), plan, keys)
         sums, _ = _bounded_sums(spark, plan, info, partials, keys, seed, source)
     return sums.sort(keys, nulls_last=True)
 
@@ -296,23 +296,19 @@ def _bounded_sums(
 # --- executors: scan, bounding, aggregation ---------------------------------------------
 
 
-def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]) -> DataFrame:
+def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> DataFrame:
     f = F()
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    derive = {**info.reading.derive, **dict(plan.derive)}
+    derive = {name: text for joined in (info, *(j.info for j in info.joins)) for name, text in
+              joined.reading.derive.items()} | dict(plan.derive)
     # The same row-wise checks as `validate`, before Spark reads anything; Spark then
     # parses the texts in its own dialect (docs/scale.md).
     for name, text in derive.items():
         row_filter(text, f"derive.{name}")
     if plan.filter is not None:
         row_filter(plan.filter)
-    frame = _scan(spark, info)
-    for name, text in info.reading.derive.items():
-        frame = frame.withColumn(name, f.expr(text))
-    for lookup in info.lookups:
-        # Public and small (`lookup_table` reads it whole and checks its keys): broadcast to every task.
-        frame = frame.join(f.broadcast(_to_spark(spark, lookup_table(lookup))), on=list(lookup.on), how=lookup.how)
+    frame = _joined_input(spark, plan, info, truncation_seed)
     for name, text in plan.derive:
         frame = frame.withColumn(name, f.expr(text))
     if plan.filter is not None:
@@ -329,6 +325,49 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
         value = _col(c).cast("double")
         frame = frame.withColumn(c, f.when(f.isnan(value), f.lit(None).cast("double")).otherwise(value))
     return frame
+
+
+def _joined_input(spark: SparkSession, plan: QueryPlan, info: InputInfo, seed: int) -> DataFrame:
+    """The query's input joined with the inputs its spec joins, in order, as the Polars engine does
+    (`polars_engine._joined_input`): a private input cut to its rows per unit first."""
+    f = F()
+    units = list(plan.privacy_unit)
+    bounds = plan.truncation
+
+    def private(name: str, frame: DataFrame, position: int) -> DataFrame:
+        bound = bounds.get(name)
+        return frame if bound is None else _truncated(frame, units, bound, seed ^ (TRUNCATION_KEY * position % 2**64))
+
+    frame = private(plan.private_input, _derived_scan(spark, info), 1)
+    for position, joined in enumerate(info.joins, start=2):
+        if joined.public:
+            # Public and small (`lookup_table` reads it whole and checks its keys): broadcast to every task.
+            other = f.broadcast(_to_spark(spark, lookup_table(joined)))
+        else:
+            other = private(joined.info.name, _derived_scan(spark, joined.info), position)
+        frame = frame.join(other, on=list(joined.on), how=joined.how)
+    return frame
+
+
+def _derived_scan(spark: SparkSession, info: InputInfo) -> DataFrame:
+    frame = _scan(spark, info)
+    for name, text in info.reading.derive.items():
+        frame = frame.withColumn(name, F().expr(text))
+    return frame
+
+
+def _truncated(frame: DataFrame, units: list[str], bound: int, seed: int) -> DataFrame:
+    """Each privacy unit's rows cut to `bound`: the smallest keyed hash of the whole row first, then
+    the row's values, a total order, so every task attempt keeps the same rows. Rows without a
+    privacy unit are dropped."""
+    from pyspark.sql import Window
+
+    f = F()
+    columns = list(frame.columns)
+    frame = frame.filter(reduce(lambda a, b: a & b, [_col(c).isNotNull() for c in units]))
+    window = Window.partitionBy(*_cols(units)).orderBy(f.col(HASH), *[_col(c).asc_nulls_first() for c in columns])
+    ranked = frame.withColumn(HASH, _keyed_hash(seed, columns)).withColumn(RANK, f.row_number().over(window))
+    return ranked.filter(f.col(RANK) <= bound).drop(HASH, RANK)
 
 
 def _units(quantity: Quantity, c: str) -> Column:

@@ -63,7 +63,8 @@ class ValidatedSpec:
     """A spec that also matches its inputs' schemas; the planner's only input."""
 
     loaded: LoadedSpec
-    inputs: dict[str, InputInfo]  # by input name; a query's join under its `input_name` (a+b), with `lookups`
+    inputs: dict[str, InputInfo]  # by input name
+    query_inputs: dict[str, InputInfo]  # what each query reads, by query name: its input, with its `joins`
 
     @property
     def spec(self) -> Spec:
@@ -89,19 +90,17 @@ def load_spec(path: Path) -> LoadedSpec:
 
 def validate_spec(path: Path) -> ValidatedSpec:
     loaded = load_spec(path)
-    inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir)
+    inputs, query_inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir)
     findings += _sample_row_findings(inputs)
     if findings:
         raise SpecError(loaded.problems(findings))
-    return ValidatedSpec(loaded=loaded, inputs=inputs)
+    return ValidatedSpec(loaded=loaded, inputs=inputs, query_inputs=query_inputs)
 
 
 def _sample_row_findings(inputs: dict[str, InputInfo]) -> list[Finding]:
     """The strict row check on the rows the schema was inferred from (`strict_rows`)."""
     findings: list[Finding] = []
     for name, info in inputs.items():
-        if info.lookups:
-            continue  # a query's join: its files are its private input's, checked under that name
         try:
             check_rows(info, limit=SCHEMA_SAMPLE_ROWS, every_value=True)
         except DataError as exc:

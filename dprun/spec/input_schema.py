@@ -55,7 +55,7 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
 @dataclass(frozen=True)
 class InputInfo:
     """An input as validated: its files, format, how to read them, and the schema of its files
-    (derived columns included). A query's input may join public lookup tables (`lookups`):
+    (derived columns included). What a query reads may also join other inputs to it (`joins`):
     `joined_schema` is then what the query sees."""
 
     name: str
@@ -63,28 +63,33 @@ class InputInfo:
     format: str
     schema: dict[str, pl.DataType]
     reading: InputSpec
-    lookups: tuple[Lookup, ...] = ()
+    joins: tuple[Joined, ...] = ()
 
     @property
     def joined_schema(self) -> dict[str, pl.DataType]:
         schema = dict(self.schema)
-        for lookup in self.lookups:
-            schema |= {name: dtype for name, dtype in lookup.info.schema.items() if name not in lookup.on}
+        for joined in self.joins:
+            schema |= {name: dtype for name, dtype in joined.info.schema.items() if name not in joined.on}
         return schema
 
 
 @dataclass(frozen=True)
-class Lookup:
-    """A public lookup input joined on `on` (`how`: inner or left); its `on` columns are unique."""
+class Joined:
+    """An input joined on `on` (`how`: inner or left) to a query's private input: a public lookup,
+    whose `on` columns are unique, or a private input joined on the privacy unit."""
 
     info: InputInfo
     on: tuple[str, ...]
     how: Literal["inner", "left"]
 
+    @property
+    def public(self) -> bool:
+        return self.info.reading.public
 
-def lookup_table(lookup: Lookup) -> pl.DataFrame:
+
+def lookup_table(lookup: Joined) -> pl.DataFrame:
     """The whole lookup table (it is public), checked again for unique join keys: the file may have
-    changed since `validate`, and a duplicate key would copy a person's rows."""
+    changed since `validate`, and a duplicate key would count a person's rows twice."""
     table = scan(lookup.info).collect()
     if table.select(pl.struct(list(lookup.on)).is_duplicated().any()).item():
         raise DataError(f"input '{lookup.info.name}': the join column(s) {', '.join(lookup.on)} are not unique; "
@@ -107,16 +112,12 @@ def resolve_paths(pattern: str, base_dir: Path) -> tuple[Path, ...]:
 
 def scan(info: InputInfo) -> pl.LazyFrame:
     """A lazy scan of an input with the schema fixed at validation time, its columns typed
-    and its derived columns added."""
+    and its derived columns added (its joins are the engines' to run)."""
     types = info.reading.column_types()
     read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
                for name, dtype in info.schema.items() if name not in info.reading.derive}
-    frame = with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
-                         info.reading.derive)
-    for lookup in info.lookups:
-        # The lookup is small and public: joined from memory, the private side streams past it.
-        frame = frame.join(lookup_table(lookup).lazy(), on=list(lookup.on), how=lookup.how)
-    return frame
+    return with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
+                        info.reading.derive)
 
 
 def with_derived(frame: pl.LazyFrame, derive: dict[str, str]) -> pl.LazyFrame:
@@ -229,8 +230,11 @@ def csv_rows(handle: TextIO, reading: InputSpec) -> _csv.Reader:
     return csv.reader(lines, delimiter=reading.separator, quotechar=reading.quote_char or '"', quoting=quoting)
 
 
-def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], list[Finding]]:
+def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], dict[str, InputInfo], list[Finding]]:
+    """Every input's info, by input name; what each query reads (its input with its joins), by
+    query name; and what is wrong."""
     infos: dict[str, InputInfo] = {}
+    read: dict[str, InputInfo] = {}
     findings: list[Finding] = []
     for name, declared in spec.inputs.items():
         at: FieldPath = ("inputs", name, "path")
@@ -274,49 +278,50 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], li
         if info is not None and not isinstance(query.input, str):
             info, join_findings = _joined(query.input, info, infos)
             findings += [(("queries", index, "input", *path), message) for path, message in join_findings]
-            if info is not None:
-                infos[query.input_name] = info
         if info is not None:
+            read[query.name] = info
             findings += _query_columns(spec, query, info, ("queries", index))
             public = _public_file(query, base_dir)
             findings += [(("queries", index, *path), msg) for path, msg in public]
             if not public and query.partitions is not None and query.partitions.is_public:
                 findings += [(("queries", index, *path), msg) for path, msg in _public_key_types(query, base_dir, info)]
-    return infos, findings
+    return infos, read, findings
 
 
 def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo]) -> tuple[InputInfo | None, list[Finding]]:
-    """The private input with its lookups, after checking the join columns on every side and that
-    every lookup's join keys are unique (read from the public file, before any private row)."""
+    """The private input with the inputs joined to it, after checking the join columns on every
+    side and that every lookup's join keys are unique (read from the public file, before any
+    private row)."""
     on = tuple(join.on_columns)
-    lookups = []
+    joins = []
     seen = set(private.schema)
     for index, name in enumerate(join.join[1:], start=1):
-        lookup = infos.get(name)
-        if lookup is None:
+        other = infos.get(name)
+        if other is None:
             return None, []
-        for side in (private, lookup):
+        for side in (private, other):
             missing = [column for column in on if column not in side.schema]
             if missing:
                 return None, [(("on",), f"join column '{missing[0]}' is not in input '{side.name}'")]
         for column in on:
-            if private.schema[column] != lookup.schema[column]:
+            if private.schema[column] != other.schema[column]:
                 return None, [(("on",), f"join column '{column}' is {private.schema[column]} in '{private.name}' "
-                                        f"but {lookup.schema[column]} in '{name}'")]
-        clash = sorted(c for c in lookup.schema if c not in on and c in seen)
+                                        f"but {other.schema[column]} in '{name}'")]
+        clash = sorted(c for c in other.schema if c not in on and c in seen)
         if clash:
             return None, [(("join", index), f"input '{name}' has a column '{clash[0]}' that an earlier input of the "
                                             "join has too: inputs of a join share only their join columns")]
-        seen |= set(lookup.schema)
-        entry = Lookup(lookup, on, join.how)
-        try:
-            lookup_table(entry)
-        except DataError as exc:
-            return None, [(("join", index), str(exc))]
-        except (pl.exceptions.PolarsError, OSError) as exc:
-            return None, [(("join", index), f"cannot read the lookup ({type(exc).__name__})")]
-        lookups.append(entry)
-    return replace(private, name="+".join(join.join), lookups=tuple(lookups)), []
+        seen |= set(other.schema)
+        entry = Joined(other, on, join.how)
+        if entry.public:
+            try:
+                lookup_table(entry)
+            except DataError as exc:
+                return None, [(("join", index), str(exc))]
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                return None, [(("join", index), f"cannot read the lookup ({type(exc).__name__})")]
+        joins.append(entry)
+    return replace(private, name="+".join(join.join), joins=tuple(joins)), []
 
 
 def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Finding]:

@@ -265,12 +265,17 @@ class Output(Strict):
 
 
 class Join(Strict):
-    """A private input joined with public lookup tables on some columns."""
+    """A private input joined with public lookup tables, or with other private inputs on the privacy unit."""
 
-    join: list[str] = Field(min_length=2, description="The private input first, then the public lookup inputs.")
+    join: list[str] = Field(min_length=2, description=(
+        "The private input first, then the inputs joined to it in order: public lookups, or private inputs."))
     on: str | Annotated[list[str], Field(min_length=1)] = Field(description="The column(s) every input joins on.")
     how: Literal["inner", "left"] = Field(default="inner", description=(
-        "inner: a row whose key a lookup lacks is dropped; left: it is kept, with nulls for the lookup's columns."))
+        "inner: a row whose key a joined input lacks is dropped; left: it is kept, with nulls for that input's "
+        "columns."))
+    max_rows_per_unit: dict[str, Annotated[int, Field(ge=1, le=10**6)]] = Field(default_factory=dict, description=(
+        "A join of private inputs: per private input, the rows each privacy unit keeps before the join "
+        "(a keyed random choice). Required for every private input after the first; optional for the first."))
 
     @property
     def on_columns(self) -> list[str]:

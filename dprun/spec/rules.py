@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dprun.ledger.location import companion_files, has_password, is_database_url
-from dprun.spec.models import PublicColumn, Query, Scalar, Spec
+from dprun.spec.models import Join, PublicColumn, Query, Scalar, Spec
 from dprun.spec.yaml_loader import FieldPath
 
 Finding = tuple[FieldPath, str]
@@ -38,7 +38,8 @@ def spec_findings(spec: Spec, base_dir: Path, spec_path: Path) -> list[Finding]:
 
 
 def _input_findings(query: Query, spec: Spec) -> list[Finding]:
-    """A query reads one private input, alone or joined with public lookup inputs."""
+    """A query reads one private input, alone or joined with public lookups and with other private
+    inputs on the privacy unit (each truncated to `max_rows_per_unit` rows per unit first)."""
     known = ", ".join(sorted(spec.inputs))
     names = [query.input] if isinstance(query.input, str) else query.input.join
     paths: list[FieldPath] = [()] if isinstance(query.input, str) else [("join", i) for i in range(len(names))]
@@ -48,12 +49,32 @@ def _input_findings(query: Query, spec: Spec) -> list[Finding]:
     if spec.inputs[names[0]].public:
         return [(paths[0], f"'{names[0]}' is a public input: a query reads a private input, which it may join "
                            "with public ones")]
-    for name, path in zip(names[1:], paths[1:], strict=True):
-        if not spec.inputs[name].public:
-            return [(path, f"'{name}' is a private input: only public lookup inputs (`public: true`) can be "
-                           "joined to a query's private input")]
     if len(set(names)) < len(names):
         return [(paths[-1], "an input is joined twice")]
+    return [] if isinstance(query.input, str) else _private_join_findings(query.input, spec)
+
+
+def _private_join_findings(join: Join, spec: Spec) -> list[Finding]:
+    """A join of private inputs is on the privacy unit, and every private input after the first has a bound."""
+    private = [name for name in join.join if not spec.inputs[name].public]
+    for name in join.max_rows_per_unit:
+        if name not in private:
+            what = "a public input" if name in join.join else "not an input of this join"
+            return [(("max_rows_per_unit", name), f"'{name}' is {what}: only private inputs of a join are truncated")]
+    if len(private) == 1:
+        if join.max_rows_per_unit:
+            return [(("max_rows_per_unit",), "a join with one private input truncates nothing: the query's "
+                                              "contribution bounds cap what its rows add")]
+        return []
+    missing_unit = [c for c in spec.privacy_unit_columns if c not in join.on_columns]
+    if missing_unit:
+        return [(("on",), f"a join of private inputs must be on the privacy unit: add '{missing_unit[0]}' to `on`, "
+                          "so that each person's rows only ever meet their own")]
+    unbounded = [name for name in private[1:] if name not in join.max_rows_per_unit]
+    if unbounded:
+        return [(("max_rows_per_unit",), f"give private input '{unbounded[0]}' a bound, e.g. "
+                                          f"`max_rows_per_unit: {{{unbounded[0]}: 1}}`: each of its rows per "
+                                          f"privacy unit multiplies that unit's rows of '{private[0]}'")]
     return []
 
 

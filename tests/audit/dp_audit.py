@@ -80,7 +80,7 @@ def pre_noise_sums(plan: QueryPlan, validated: api.ValidatedSpec, hash_seed: int
     `_partition_sums`) and the given hash key, so that two datasets bounded with the same key
     differ only by what bounding let the extra unit keep."""
     assert plan.selection.mode in ("public", "global"), plan.selection.mode
-    info = validated.inputs[plan.input]
+    info = validated.query_inputs[plan.name]
     keys = list(plan.group_by) or [polars_engine.GLOBAL_KEY]
     workdir.mkdir(parents=True, exist_ok=True)
     partials = partial_frames(plan, info, keys, hash_seed, workdir)
@@ -92,7 +92,8 @@ def pre_noise_sums(plan: QueryPlan, validated: api.ValidatedSpec, hash_seed: int
 
 def partial_frames(plan: QueryPlan, info: Any, keys: list[str], hash_seed: int, workdir: Path) -> list[pl.LazyFrame]:
     """The engine's per-(unit, partition) partials, one frame per shard of units."""
-    shards = polars_engine._partial_shards(plan, info, keys, hash_seed, workdir)
+    rows = polars_engine._rows(plan, info, keys, hash_seed)
+    shards = polars_engine._partial_shards(plan, rows, info, keys, hash_seed, workdir)
     # A shard is a file of partials, or (with quantile trees) an object naming that file.
     return [pl.scan_parquet(getattr(shard, "partials", shard)) for shard in shards]
 

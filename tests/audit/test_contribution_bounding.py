@@ -149,7 +149,7 @@ def test_the_global_partition_moves_by_at_most_one_partitions_worth(tmp_path: Pa
 
 def unit_counts(plan: QueryPlan, validated: Any, hash_seed: int, workdir: Path) -> pl.DataFrame:
     """The per-partition unit counts private selection decides on (the engine's first bounding)."""
-    info = validated.inputs[plan.input]
+    info = validated.query_inputs[plan.name]
     keys = list(plan.group_by)
     workdir.mkdir()
     partials = dp_audit.partial_frames(plan, info, keys, hash_seed, workdir)

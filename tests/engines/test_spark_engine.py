@@ -122,6 +122,9 @@ def example_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT / "specs", root / "specs")
     (root / "sample_data").mkdir()
     shutil.copy(ROOT / "sample_data" / "restaurants.csv", root / "sample_data" / "restaurants.csv")
+    # One profile per visitor: within `max_rows_per_unit: {visitors: 1}`, so no engine's choice matters.
+    pl.read_csv(ROOT / "sample_data" / "visitors.csv").unique("visitor_id", keep="first", maintain_order=True) \
+        .write_csv(root / "sample_data" / "visitors.csv")
     visits = in_bounds_visits(np.random.default_rng(SEED))
     visits.write_csv(root / "sample_data" / "visits.csv")
     visits.write_parquet(root / "sample_data" / "visits.parquet")
@@ -216,15 +219,28 @@ def test_identical_tables_on_every_input_format_selection_mechanism_and_quantile
     assert_identical(expected, actual)
 
 
-@pytest.mark.parametrize("how", ["inner", "left"])
-def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spark: Any, how: str) -> None:
+def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spark: Any) -> None:
     from test_joins import write  # noqa: PLC0415 - the join test's spec, with a key the lookup lacks
 
-    spec = write(tmp_path, {"join": ["visits", "shops"], "on": "shop", "how": how},
+    # `left` keeps the rows whose key the lookup lacks (a null city); `inner` is the same join call.
+    spec = write(tmp_path, {"join": ["visits", "shops"], "on": "shop", "how": "left"},
                  partitions={"selection": "laplace_threshold"})
     expected, actual = run_both(spec, spark)
-    assert expected["q"]["city"].null_count() == (1 if how == "left" else 0)
+    assert expected["q"]["city"].null_count() == 1
     assert_identical(expected, actual)
+
+
+def test_a_join_of_private_inputs_cuts_each_side_as_the_polars_engine_does(tmp_path: Path, spark: Any) -> None:
+    from test_private_joins import join, write  # noqa: PLC0415 - the private join test's data and spec
+
+    # Light users are within the bounds: the same table. The heavy person (50 users rows, 20
+    # events) keeps 2 × 5 rows on both engines, in two of their countries (each engine's keyed
+    # hash chooses which).
+    expected, actual = run_both(write(tmp_path, join(2, 5), heavy=True), spark)
+    light = ["c00", "c01", "c02"]
+    for table in (expected["q"], actual["q"]):
+        assert table.filter(pl.col("country").is_in(light))["events"].to_list() == [10, 20, 30]
+        assert sorted(table.filter(~pl.col("country").is_in(light))["events"].to_list())[-3:] == [0, 5, 5]
 
 
 # --- (b) heavy units ----------------------------------------------------------------------
@@ -318,9 +334,9 @@ def kept_pairs(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
     """(unit, key) pairs kept by the first cross-partition bounding, collected (NOT private: tests only)."""
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
-    info = validated.inputs[plan.input]
+    info = validated.query_inputs[plan.name]
     hash_key = RandomSource.from_seed(seed).hash_seeds()[0]
-    rows = spark_engine._rows(spark, plan, info, ["key"])
+    rows = spark_engine._rows(spark, plan, info, ["key"], hash_key)
     bounded = spark_engine._cross_partition_bound(spark_engine._partials(rows, plan, ["key"]), plan, ["key"], hash_key)
     return spark_engine._collect(bounded.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
 
@@ -328,7 +344,7 @@ def kept_pairs(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
 def exact(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
-    return spark_engine.exact_sums(plan, validated.inputs[plan.input], RandomSource.from_seed(seed), spark)
+    return spark_engine.exact_sums(plan, validated.query_inputs[plan.name], RandomSource.from_seed(seed), spark)
 
 
 def test_bounding_is_the_same_for_every_partitioning_and_every_run(
