@@ -2,8 +2,10 @@
 
 The steps are [DPP21]'s computation graph in Plume's order ([Plume22]):
 
-1. scan, keep the needed columns, filter, drop rows whose privacy unit is null;
-   public partitions: drop rows of unlisted keys first, so no unit spends its L0 on them;
+1. scan, join the inputs a join names (a public lookup from memory; a private input cut
+   first to its rows per unit), keep the needed columns, filter, drop rows whose privacy
+   unit is null; public partitions: drop rows of unlisted keys first, so no unit spends its
+   L0 on them;
 2. per (unit, partition): partial integer sums, each bounded to `max_rows` rows' worth;
 3. cross-partition bounding: each unit keeps at most L0 partitions, chosen by a keyed
    hash of (unit, partition) with a fresh secret key per run — uniformly at random and
@@ -99,12 +101,16 @@ def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[in
     seed, truncation_seed = seeds
     rows = _rows(plan, info, keys, truncation_seed)
     if packable(plan, dict(rows.collect_schema()), keys[0]):
-        # One input row meets at most this many rows of the private inputs joined to it.
-        fan_out = math.prod(join.max_rows_per_unit or 1 for join in plan.joins)
-        codes = codes_for(rows, plan.privacy_unit[0], keys[0], info, fan_out)
+        codes = codes_for(rows, plan.privacy_unit[0], keys[0], info, _fan_out(plan))
         if codes is not None:
             return SortedBounding(plan, rows, codes, seed, workdir)
     return HashBounding(plan, rows, info, keys, seed, workdir)
+
+
+def _fan_out(plan: QueryPlan) -> int:
+    """The most rows one row of the query's input becomes in its join: the product of the
+    bounds of the private inputs joined to it (a lookup adds at most one row)."""
+    return math.prod(join.max_rows_per_unit or 1 for join in plan.joins)
 
 
 class HashBounding:
@@ -151,12 +157,13 @@ def _semi(frame: pl.LazyFrame, chosen: pl.DataFrame, keys: list[str]) -> pl.Lazy
     return frame.join(chosen.lazy(), on=keys, how="semi", nulls_equal=True)
 
 
-def _shard_count(info: InputInfo) -> int:
+def _shard_count(info: InputInfo, fan_out: int = 1) -> int:
     """Shards of units so that one shard's (unit, partition) table fits in memory.
 
-    Decided from the input files' sizes only (a public fact), never from their contents.
+    Decided from the input files' sizes only (a public fact), never from their contents; a
+    join can make each input row into `fan_out` rows.
     """
-    total = sum(path.stat().st_size for path in info.paths)
+    total = sum(path.stat().st_size for path in info.paths) * fan_out
     per_shard = SHARD_BYTES if info.format == "parquet" else SHARD_BYTES * TEXT_BYTES_FACTOR
     return max(1, math.ceil(total / per_shard))
 
@@ -176,7 +183,7 @@ def _partial_shards(plan: QueryPlan, rows: pl.LazyFrame, info: InputInfo, keys: 
     Every unit's rows land in one shard, so contribution bounding runs shard by shard
     exactly as on the whole; each shard is one streaming group-by in bounded memory.
     """
-    count = _shard_count(info)
+    count = _shard_count(info, _fan_out(plan))
     if count == 1:
         return [_write_shard(rows, plan, keys, workdir, 0)]
     rows_dir = workdir / "rows"

@@ -3,8 +3,10 @@
 The steps, their column semantics and their integer arithmetic are those of
 `dprun.engines.polars_engine`, step for step:
 
-1. scan, filter, keep the needed columns, drop rows whose privacy unit is null; public
-   partitions: drop rows of unlisted keys first; NaN values count as missing;
+1. scan, join the inputs a join names (a public lookup broadcast; a private input cut first
+   to its rows per unit by a window `row_number()` over a keyed hash), filter, keep the
+   needed columns, drop rows whose privacy unit is null; public partitions: drop rows of
+   unlisted keys first; NaN values count as missing;
 2. per (unit, partition): partial integer sums in fixed-point units (clip, centre, square,
    scale by 2**-unit_exponent, round half to even, clip, cast), scaled by min(n, m) / n with
    exact floor division on decimal(38, 0);
