@@ -42,7 +42,6 @@ from dprun.engines.polars_steps import (
     GLOBAL_KEY,
     LEAF,
     PARTITION,
-    TRUNCATION_KEY,
     UNITS,
     WEIGHT,
     collect,
@@ -50,6 +49,7 @@ from dprun.engines.polars_steps import (
     scaled_partial,
     sink,
     truncated,
+    truncation_key,
 )
 from dprun.engines.sorted_bounding import SortedBounding, codes_for, packable
 from dprun.mechanisms.quantile_tree import unit_weight_expr
@@ -289,8 +289,7 @@ def _joined_input(plan: QueryPlan, info: InputInfo, seed: int) -> pl.LazyFrame:
 
     def private(name: str, frame: pl.LazyFrame, position: int) -> pl.LazyFrame:
         bound = bounds.get(name)
-        # Each input gets its own key, so that the cuts of two inputs are independent.
-        return frame if bound is None else truncated(frame, units, bound, seed ^ (TRUNCATION_KEY * position % 2**64))
+        return frame if bound is None else truncated(frame, units, bound, truncation_key(seed, position))
 
     frame = private(plan.private_input, scan(info), 1)
     for position, joined in enumerate(info.joins, start=2):

@@ -21,9 +21,7 @@ LEAF = "__dprun_leaf__"
 WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
 STREAMING: Final = "streaming"
-# Both engines key the cut of a join's i-th input with `seed ^ (TRUNCATION_KEY * i mod 2**64)`:
-# an odd constant, so every input's key differs.
-TRUNCATION_KEY = 0x9E3779B97F4A7C15
+TRUNCATION_KEY = 0x9E3779B97F4A7C15  # odd: `truncation_key` differs for every input position
 
 
 def row_units(quantity: Quantity) -> pl.Expr:
@@ -35,6 +33,12 @@ def row_units(quantity: Quantity) -> pl.Expr:
     scaled = (value * math.ldexp(1.0, -quantity.unit_exponent)).round()
     low = 0 if quantity.aggregate == "centered_sumsq" else -quantity.max_units
     return scaled.clip(low, quantity.max_units).cast(pl.Int64)
+
+
+def truncation_key(seed: int, position: int) -> int:
+    """The secret key, in [0, 2**64), both engines cut the `position`-th input of a join with (1: the
+    query's own input), from the run's truncation seed: each input's choice is independent."""
+    return seed ^ (TRUNCATION_KEY * position % 2**64)
 
 
 def truncated(frame: pl.LazyFrame, units: list[str], bound: int, seed: int) -> pl.LazyFrame:

@@ -52,7 +52,7 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import release_steps
-from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, TRUNCATION_KEY, UNITS, WEIGHT
+from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT, truncation_key
 from dprun.errors import DataError, DprunError, ExitCode
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
@@ -338,7 +338,7 @@ def _joined_input(spark: SparkSession, plan: QueryPlan, info: InputInfo, seed: i
 
     def private(name: str, frame: DataFrame, position: int) -> DataFrame:
         bound = bounds.get(name)
-        return frame if bound is None else _truncated(frame, units, bound, seed ^ (TRUNCATION_KEY * position % 2**64))
+        return frame if bound is None else _truncated(frame, units, bound, truncation_key(seed, position))
 
     frame = private(plan.private_input, _derived_scan(spark, info), 1)
     for position, joined in enumerate(info.joins, start=2):
