@@ -281,7 +281,7 @@ def _join_plans(query: Query, validated: ValidatedSpec) -> tuple[JoinPlan, ...]:
     if isinstance(query.input, str):
         return ()
     join = query.input
-    return tuple(JoinPlan(name, tuple(join.on_columns), join.how, public=validated.inputs[name].reading.public,
+    return tuple(JoinPlan(name, tuple(join.on_columns(name)), join.how, public=validated.inputs[name].reading.public,
                           max_rows_per_unit=join.max_rows_per_unit.get(name))
                  for name in join.join[1:])
 

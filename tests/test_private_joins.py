@@ -89,6 +89,44 @@ def test_a_person_with_many_rows_on_both_sides_adds_at_most_the_product_of_the_b
     assert added == per_country
 
 
+def test_one_query_joins_a_private_input_and_a_lookup_each_on_its_own_columns(tmp_path: Path) -> None:
+    spec = write(tmp_path, {"join": ["events", "users", "kinds"], "on": {"users": "uid", "kinds": "kind"},
+                            "max_rows_per_unit": {"users": 1}})
+    pl.DataFrame({"kind": ["view", "buy"], "family": ["browse", "order"]}).write_csv(tmp_path / "kinds.csv")
+    document = json.loads(spec.read_text())
+    document["inputs"]["kinds"] = {"path": "kinds.csv", "public": True}
+    document["queries"][0] |= {"group_by": ["country", "family"], "partitions": {"selection": "laplace_threshold"}}
+    spec.write_text(json.dumps(document))
+    result = invoke("run", str(spec), "--overwrite")
+    assert result.exit_code == 0, everything(result)
+    table = pl.read_csv(tmp_path / "out" / "q.csv").sort("country")
+    assert table.rows() == [("c00", "browse", 10), ("c01", "browse", 20), ("c02", "browse", 30)]
+
+
+def chained(folder: Path) -> Path:
+    """Events joined with users on uid, then with a public regions lookup on the country users added."""
+    spec = write(folder, {"join": ["events", "users", "regions"], "on": {"users": "uid", "regions": "country"},
+                          "max_rows_per_unit": {"users": 1}})
+    pl.DataFrame({"country": COUNTRIES, "region": ["north" if c < "c02" else "south" for c in COUNTRIES]}).write_csv(
+        folder / "regions.csv")
+    document = json.loads(spec.read_text())
+    document["inputs"]["regions"] = {"path": "regions.csv", "public": True}
+    document["queries"][0] |= {"group_by": ["region"], "partitions": {"public": ["north", "south"]}}
+    spec.write_text(json.dumps(document))
+    return spec
+
+
+def test_a_lookup_can_join_on_a_column_an_earlier_input_added(tmp_path: Path) -> None:
+    spec = chained(tmp_path)
+    assert released_column(spec, "events") == {"north": 30, "south": 30}
+    document = json.loads(spec.read_text())
+    document["queries"][0]["input"]["on"]["regions"] = "continent"
+    spec.write_text(json.dumps(document))
+    result = invoke("validate", str(spec))
+    assert result.exit_code == 1
+    assert "join column 'continent' is not in the inputs before 'regions'" in everything(result)
+
+
 def test_the_query_bounds_still_cap_the_joined_rows(tmp_path: Path) -> None:
     # users: 3 rows (3 countries) × all 20 events = 60 joined rows; L0 = 2 and m = 4 keep 2 × 4.
     light = released(write(tmp_path, join(3), l0=2))
@@ -143,6 +181,12 @@ def test_explain_budget_shows_the_join_and_the_cut(tmp_path: Path) -> None:
      "input.max_rows_per_unit.shops", "not an input of this join"),
     ({"join": ["events", "users"], "on": "uid", "max_rows_per_unit": {"users": 0}},
      "input.max_rows_per_unit.users", "greater than or equal to 1"),
+    ({"join": ["events", "users"], "on": {"users": "kind"}, "max_rows_per_unit": {"users": 1}}, "input.on.users",
+     "must be on the privacy unit: add 'uid' to `on` for users"),
+    ({"join": ["events", "users"], "on": {"events": "uid"}, "max_rows_per_unit": {"users": 1}}, "input.on.events",
+     "'events' is not an input joined to 'events' here"),
+    ({"join": ["events", "users"], "on": {}, "max_rows_per_unit": {"users": 1}}, "input.on",
+     "give the join column(s) of input 'users'"),
 ])
 def test_private_joins_without_the_unit_or_a_bound_are_refused(
         tmp_path: Path, join_spec: dict[str, Any], where: str, expected: str) -> None:

@@ -292,26 +292,28 @@ def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo]) -> tupl
     """The private input with the inputs joined to it, after checking the join columns on every
     side and that every lookup's join keys are unique (read from the public file, before any
     private row)."""
-    on = tuple(join.on_columns)
     joins = []
-    seen = set(private.schema)
+    seen = dict(private.schema)  # the columns of the inputs joined so far
     for index, name in enumerate(join.join[1:], start=1):
         other = infos.get(name)
         if other is None:
             return None, []
-        for side in (private, other):
-            missing = [column for column in on if column not in side.schema]
+        on = tuple(join.on_columns(name))
+        at: FieldPath = ("on", name) if isinstance(join.on, dict) else ("on",)
+        before = f"'{private.name}'" if index == 1 else f"the inputs before '{name}'"
+        for where, schema in ((f"input {before}" if index == 1 else before, seen), (f"input '{name}'", other.schema)):
+            missing = [column for column in on if column not in schema]
             if missing:
-                return None, [(("on",), f"join column '{missing[0]}' is not in input '{side.name}'")]
+                return None, [(at, f"join column '{missing[0]}' is not in {where}")]
         for column in on:
-            if private.schema[column] != other.schema[column]:
-                return None, [(("on",), f"join column '{column}' is {private.schema[column]} in '{private.name}' "
-                                        f"but {other.schema[column]} in '{name}'")]
+            if seen[column] != other.schema[column]:
+                return None, [(at, f"join column '{column}' is {seen[column]} in {before} "
+                                   f"but {other.schema[column]} in '{name}'")]
         clash = sorted(c for c in other.schema if c not in on and c in seen)
         if clash:
             return None, [(("join", index), f"input '{name}' has a column '{clash[0]}' that an earlier input of the "
                                             "join has too: inputs of a join share only their join columns")]
-        seen |= set(other.schema)
+        seen |= dict(other.schema)
         entry = Joined(other, on, join.how)
         if entry.public:
             try:

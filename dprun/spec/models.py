@@ -269,7 +269,9 @@ class Join(Strict):
 
     join: list[str] = Field(min_length=2, description=(
         "The private input first, then the inputs joined to it in order: public lookups, or private inputs."))
-    on: str | Annotated[list[str], Field(min_length=1)] = Field(description="The column(s) every input joins on.")
+    on: str | Annotated[list[str], Field(min_length=1)] | dict[str, str | Annotated[list[str], Field(min_length=1)]] \
+        = Field(description=("The column(s) every input joins on; or, per input after the first, the column(s) it "
+                             "joins on (columns of the inputs before it)."))
     how: Literal["inner", "left"] = Field(default="inner", description=(
         "inner: a row whose key a joined input lacks is dropped; left: it is kept, with nulls for that input's "
         "columns."))
@@ -277,9 +279,10 @@ class Join(Strict):
         "A join of private inputs: per private input, the rows each privacy unit keeps before the join "
         "(a keyed random choice). Required for every private input after the first; optional for the first."))
 
-    @property
-    def on_columns(self) -> list[str]:
-        return [self.on] if isinstance(self.on, str) else list(self.on)
+    def on_columns(self, name: str) -> list[str]:
+        """The columns input `name` (one after the first) joins on."""
+        on = self.on.get(name, []) if isinstance(self.on, dict) else self.on
+        return [on] if isinstance(on, str) else list(on)
 
 
 class Query(Strict):

@@ -51,7 +51,21 @@ def _input_findings(query: Query, spec: Spec) -> list[Finding]:
                            "with public ones")]
     if len(set(names)) < len(names):
         return [(paths[-1], "an input is joined twice")]
-    return [] if isinstance(query.input, str) else _private_join_findings(query.input, spec)
+    if isinstance(query.input, str):
+        return []
+    return _on_findings(query.input) or _private_join_findings(query.input, spec)
+
+
+def _on_findings(join: Join) -> list[Finding]:
+    """`on` as a mapping names every input after the first, and only those."""
+    if not isinstance(join.on, dict):
+        return []
+    for name in join.on:
+        if name not in join.join[1:]:
+            return [(("on", name), f"'{name}' is not an input joined to '{join.join[0]}' here: `on` maps each input "
+                                   f"after the first ({', '.join(join.join[1:])}) to its join column(s)")]
+    missing = [name for name in join.join[1:] if name not in join.on]
+    return [(("on",), f"give the join column(s) of input '{missing[0]}'")] if missing else []
 
 
 def _private_join_findings(join: Join, spec: Spec) -> list[Finding]:
@@ -66,10 +80,13 @@ def _private_join_findings(join: Join, spec: Spec) -> list[Finding]:
             return [(("max_rows_per_unit",), "a join with one private input truncates nothing: the query's "
                                               "contribution bounds cap what its rows add")]
         return []
-    missing_unit = [c for c in spec.privacy_unit_columns if c not in join.on_columns]
-    if missing_unit:
-        return [(("on",), f"a join of private inputs must be on the privacy unit: add '{missing_unit[0]}' to `on`, "
-                          "so that each person's rows only ever meet their own")]
+    for name in private[1:]:
+        missing_unit = [c for c in spec.privacy_unit_columns if c not in join.on_columns(name)]
+        if missing_unit:
+            at: FieldPath = ("on", name) if isinstance(join.on, dict) else ("on",)
+            return [(at, f"a join of private inputs must be on the privacy unit: add '{missing_unit[0]}' to `on`"
+                         f"{f' for {name}' if isinstance(join.on, dict) else ''}, so that each person's rows only "
+                         "ever meet their own")]
     unbounded = [name for name in private[1:] if name not in join.max_rows_per_unit]
     if unbounded:
         return [(("max_rows_per_unit",), f"give private input '{unbounded[0]}' a bound, e.g. "

@@ -231,7 +231,7 @@ def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spa
 
 
 def test_a_join_of_private_inputs_cuts_each_side_as_the_polars_engine_does(tmp_path: Path, spark: Any) -> None:
-    from test_private_joins import join, write  # noqa: PLC0415 - the private join test's data and spec
+    from test_private_joins import chained, join, write  # noqa: PLC0415 - the private join test's data and specs
 
     # Light users are within the bounds: the same table. The heavy person (50 users rows, 20
     # events) keeps 2 × 5 rows on both engines, in two of their countries (each engine's keyed
@@ -241,6 +241,11 @@ def test_a_join_of_private_inputs_cuts_each_side_as_the_polars_engine_does(tmp_p
     for table in (expected["q"], actual["q"]):
         assert table.filter(pl.col("country").is_in(light))["events"].to_list() == [10, 20, 30]
         assert sorted(table.filter(~pl.col("country").is_in(light))["events"].to_list())[-3:] == [0, 5, 5]
+    # A lookup joined on a column the private join added, each input on its own columns: the same table.
+    (tmp_path / "chained").mkdir()
+    expected, actual = run_both(chained(tmp_path / "chained"), spark)
+    assert expected["q"]["events"].to_list() == [30, 30]
+    assert_identical(expected, actual)
 
 
 # --- (b) heavy units ----------------------------------------------------------------------
