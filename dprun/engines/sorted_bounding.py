@@ -40,7 +40,7 @@ from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.quantities import Quantity
 from dprun.plan import QueryPlan
-from dprun.spec.input_schema import InputInfo, lookup_table
+from dprun.spec.input_schema import InputInfo, scan
 
 PACKED = "__dprun_packed__"
 SHARD = "__dprun_shard__"
@@ -177,15 +177,17 @@ def _footer_ranges(info: InputInfo, unit: str, key: str, fan_out: int) -> Ranges
     holder = next((j for j in info.joins if key in j.info.schema and key not in j.on), None)
     if holder is None:
         found = _parquet_ranges(info, [unit, key])
-    elif holder.public:
-        values = lookup_table(holder).get_column(key).drop_nulls()
-        found = _parquet_ranges(info, [unit])
-        if found is not None:
-            found[key] = (int(values.min()), int(values.max())) if values.len() else (0, 0)  # type: ignore[arg-type]
     else:
-        own, other = _parquet_ranges(info, [unit]), _parquet_ranges(holder.info, [key])
+        own = _parquet_ranges(info, [unit])
+        other = _parquet_ranges(holder.info, [key]) or (_scanned_range(holder.info, key) if holder.public else None)
         found = None if own is None or other is None else own | {key: other[key]}
     return None if found is None else found | {"rows": found["rows"] * fan_out}
+
+
+def _scanned_range(lookup: InputInfo, key: str) -> Ranges:
+    """A public lookup's range of `key`, read from its (small, public) file."""
+    low, high = collect(scan(lookup).select(pl.col(key).min().alias("low"), pl.col(key).max().alias("high"))).row(0)
+    return {key: (0, 0) if low is None else (int(low), int(high))}
 
 
 def _parquet_ranges(info: InputInfo, columns: list[str]) -> Ranges | None:

@@ -91,18 +91,19 @@ def test_fast_and_general_paths_release_identical_tables(
         assert fast.equals(general), f"seed={seed}: {name} differs between paths:\n{fast}\n{general}"
 
 
+@pytest.mark.parametrize("lookup_format", ["parquet", "csv"])
 def test_keys_from_joins_and_query_derived_keys_take_the_fast_path_with_the_same_tables(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup_format: str
 ) -> None:
-    """Ranges from a public lookup, from a private input's footers, or (a key the query derives)
-    from a scan: the fast path runs and matches the general path."""
+    """Ranges from a public lookup (its footers, or its CSV read), from a private input's footers,
+    or (a key the query derives) from a scan: the fast path runs and matches the general path."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     rows = heavy_tailed_rows(rng, 2000)
     rows.write_parquet(tmp_path / "data.parquet")
     # Keys -100..99; the lookup lacks every key above 80 (dropped by inner, a null category by left).
-    pl.DataFrame({"key": range(-100, 81), "category": [k % 7 * 1000 for k in range(-100, 81)]}).write_parquet(
-        tmp_path / "items.parquet")
+    items = pl.DataFrame({"key": range(-100, 81), "category": [k % 7 * 1000 for k in range(-100, 81)]})
+    getattr(items, f"write_{lookup_format}")(tmp_path / f"items.{lookup_format}")
     units = rows["uid"].unique().sort()
     profiles = pl.DataFrame({"uid": units.to_list() * 2, "group": rng.integers(-5, 5, units.len() * 2)})
     profiles.sample(fraction=0.7, seed=seed % 2**32).write_parquet(tmp_path / "profiles.parquet")
@@ -119,7 +120,8 @@ def test_keys_from_joins_and_query_derived_keys_take_the_fast_path_with_the_same
     ]
     spec = write_spec(tmp_path, joined, epsilon=20.0, delta=1e-6)
     document = json.loads(spec.read_text())
-    document["inputs"] |= {"items": {"path": "items.parquet", "public": True}, "profiles": {"path": "profiles.parquet"}}
+    document["inputs"] |= {"items": {"path": f"items.{lookup_format}", "public": True},
+                           "profiles": {"path": "profiles.parquet"}}
     spec.write_text(json.dumps(document))
     outputs = both_paths(spec, [q["name"] for q in joined], seed, monkeypatch)
     for name, (fast, general) in outputs.items():
