@@ -10,6 +10,7 @@ probability below 1e-12 per count: a released count is the count of the bounded 
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from dprun_testing import everything, fresh_seed, invoke, released_column
 from scipy import stats
 
+from dprun.engines import polars_steps
 from dprun.engines.polars_steps import truncated
 
 COUNTRIES = [f"c{i:02d}" for i in range(60)]
@@ -152,10 +154,23 @@ def test_the_kept_rows_are_a_uniform_choice_among_a_person_s_rows() -> None:
     ([1, 2, 5, 9], [1, 2, 5, 9]),  # one row per unit, in order: nothing to cut
     ([1, 2, 2, 2, 9], [1, 2, 9]),  # in order, but unit 2 has three rows
     ([9, 2, 1, 2, 2], [1, 2, 9]),
+    (["a", "b", "u10", "u9"], ["a", "b", "u10", "u9"]),  # text, in order
+    (["a", "b", "b", "c"], ["a", "b", "c"]),
 ])
-def test_a_cut_to_one_row_keeps_one_row_of_every_unit(uid: list[int], kept: list[int]) -> None:
+def test_a_cut_to_one_row_keeps_one_row_of_every_unit(uid: list[Any], kept: list[Any]) -> None:
     frame = pl.LazyFrame({"uid": uid, "row": range(len(uid))})
     assert sorted(truncated(frame, ["uid"], 1, fresh_seed()).collect()["uid"].to_list()) == kept
+
+
+@pytest.mark.parametrize(("columns", "in_order"), [
+    ({"uid": [1, 2, 5]}, True), ({"uid": ["a", "b", "u10", "u9"]}, True),
+    ({"uid": [date(2026, 1, 1), date(2026, 1, 2)]}, True),
+    ({"uid": [1, 2, 2]}, False), ({"uid": ["b", "a"]}, False), ({"uid": [1, 2], "day": [1, 1]}, False),
+])
+def test_a_table_sorted_by_its_single_unit_column_is_seen_to_need_no_cut(columns: dict[str, list[Any]],
+                                                                          in_order: bool) -> None:
+    units = list(columns)
+    assert polars_steps._one_row_per_unit_in_order(pl.LazyFrame(columns), units) is in_order
 
 
 def test_explain_budget_shows_the_join_and_the_cut(tmp_path: Path) -> None:

@@ -65,13 +65,15 @@ def truncated(frame: pl.LazyFrame, units: list[str], bound: int, seed: int) -> p
 
 
 def _one_row_per_unit_in_order(frame: pl.LazyFrame, units: list[str]) -> bool:
-    """Whether a single unit column strictly increases down the rows: then no unit has two rows.
+    """Whether a single unit column (numbers, dates or text) strictly increases down the rows:
+    then no unit has two rows.
 
     A table keyed by the unit is often stored sorted by it; one ordered pass over the column
     shows it without the hash table of every unit that counting needs (10^7 units: 0.05 s
     against 0.4 s on the benchmark machine).
     """
-    if len(units) != 1 or not frame.collect_schema()[units[0]].is_numeric():
+    dtype = frame.collect_schema()[units[0]] if len(units) == 1 else None
+    if dtype is None or not (dtype.is_numeric() or dtype.is_temporal() or dtype == pl.String):
         return False
     unit = pl.col(units[0])
     return bool(collect(frame.select((unit > unit.shift(1)).all())).item())
