@@ -258,7 +258,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
 
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
     refuse_existing([*targets, *((path, True) for path in report_files(the_plan.report_path))])
-    read = sorted({name for q in the_plan.queries for name in (q.private_input, *(j.input for j in q.joins))})
+    read = sorted({name for q in the_plan.queries for name in q.inputs})
     for name in read:
         if progress is not None and validated.inputs[name].format != "parquet":
             progress(f"checking the rows of input {name}")
@@ -288,7 +288,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
                 raise run_failure(exc, workdir) from None
             except DataError:
                 # Polars stopped at a value without saying where: find it, then say so.
-                for name in (query.private_input, *(j.input for j in query.joins)):
+                for name in query.inputs:
                     check_rows(validated.inputs[name], every_value=True)
                 raise
             except pl.exceptions.PanicException:

@@ -120,6 +120,11 @@ class QueryPlan:
         return self.input[: len(self.input) - len(joined)]
 
     @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every input the query reads: its private input, then the inputs joined to it."""
+        return (self.private_input, *(join.input for join in self.joins))
+
+    @property
     def truncation(self) -> dict[str, int]:
         """Rows kept per privacy unit, by private input, before a join of private inputs."""
         bounds = {self.private_input: self.input_max_rows_per_unit}
