@@ -1,4 +1,4 @@
-"""Pieces both bounding strategies of the Polars engine share: column names, one row's
+"""Pieces of the Polars engine's steps (column names the Spark engine shares too): one row's
 value in integer units, the per-partition scaling of a partial, and running a lazy frame
 with Polars errors turned into dprun's (Polars' own messages can quote data values)."""
 

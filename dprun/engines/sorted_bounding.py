@@ -1,21 +1,22 @@
-"""Contribution bounding by sorting packed integer codes: the Polars engine's fast path.
+"""Contribution bounding by sorting exact integer codes: the Polars engine's one bounding path.
 
-When the privacy unit is one integer column and the partition key is one integer column
-(or there is no group_by), each row's (unit, partition) pair packs into one Int64:
-(unit − min) · 2^b + (key − min). Sorting that one column puts every unit's rows next to
-each other and every pair's rows next to each other, so per-partition bounding and the
-count of each unit's partitions are runs in a sorted array — an order of magnitude
-cheaper than a hash group-by over ~10^8 distinct pairs, which is what the general path
-(`polars_engine.HashBounding`) does.
+Each row's (unit, partition) pair packs into one Int64, its unit's code above its key's
+(`dprun.engines.codes`: exact codes for any column types). Sorting that one column, shard
+by shard of units, puts every unit's rows next to each other and every pair's rows next to
+each other, so per-partition bounding and the count of each unit's partitions are runs in
+a sorted array — an order of magnitude cheaper than a hash group-by over ~10^8 distinct
+pairs.
 
 Only units with more than L0 partitions ("heavy" units, usually a small share of the
 rows) need a random choice of partitions and, after private partition selection, Plume's
 second bounding; their pairs are kept in temporary files. Every other unit keeps all its
 partitions in both boundings, so its pairs are summed per partition straight away.
+Quantile metrics' weighted leaves follow the same split (`dprun.engines.sorted_quantiles`).
 
-The result is the same as the general path's, step for step: the same scaled partials
-(`polars_steps.scaled_partial`) and the same keyed hash of (unit, partition) to choose a
-heavy unit's partitions, so under the test seed both paths release identical tables.
+The Spark engine computes the same thing with group-bys and windows: the same scaled
+partials and the same keyed hash of the unit's and the
+key's values to choose a heavy unit's partitions, so under the test seed both engines
+release identical tables.
 """
 
 from __future__ import annotations
@@ -24,27 +25,35 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from queue import SimpleQueue
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from dprun.engines.polars_steps import GLOBAL_KEY, UNITS, collect, row_units, scaled_partial, sink
+from dprun.engines import release_steps, sorted_quantiles
+from dprun.engines.codes import (
+    KEY,
+    PACKED,
+    ROWS,
+    UNIT,
+    Codes,
+    RangeUnits,
+    shard_unit_codes,
+)
+from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.quantities import Quantity
+from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
-from dprun.spec.input_schema import InputInfo, scan
 
-PACKED = "__dprun_packed__"
 SHARD = "__dprun_shard__"
-ROWS = "__dprun_rows__"
+STARTS = "__dprun_starts__"
 R = TypeVar("R")
 A = TypeVar("A")
 # Rows sorted in memory at once: ~8 bytes per row and per value column. A shard's arrays
@@ -52,162 +61,9 @@ A = TypeVar("A")
 # reused from the heap: at 2^22 rows half the shards' arrays were mapped afresh, page by
 # page, and the bounding spent twice the kernel time.
 SHARD_ROWS = 2**21
-# Per-partition totals are kept in dense arrays indexed by the key's code.
-MAX_KEY_CODES = 2**22
 # Shards bounded at once (`_in_parallel`): one per Polars thread, at most 8 (each holds
 # about 100 MB at SHARD_ROWS), at least 2 so that one shard is bounded while another is read.
 WORKERS = max(2, min(8, pl.thread_pool_size()))
-PACKED_BITS = 62
-
-
-@dataclass(frozen=True)
-class Codes:
-    """How a row's (unit, key) packs into one Int64 below 2^62: unit code above `key_bits`, key code below.
-
-    Key codes 0 .. key_span−1 stand for key_min .. key_min+key_span−1; code key_span is a null key.
-    """
-
-    unit: str
-    unit_min: int
-    unit_max: int
-    unit_dtype: pl.DataType
-    key: str
-    key_min: int
-    key_span: int
-    key_dtype: pl.DataType
-    key_bits: int
-    rows: int
-
-    @property
-    def key_codes(self) -> int:
-        return self.key_span + 1
-
-    def packed(self) -> pl.Expr:
-        """The packed code, null for a row outside the ranges (`SortedBounding` then fails the run)."""
-        within = pl.col(self.unit).is_between(self.unit_min, self.unit_max) & (
-            pl.col(self.key).is_null() | pl.col(self.key).is_between(self.key_min, self.key_min + self.key_span - 1))
-        code = (_offset(self.unit, self.unit_min, self.unit_dtype) * (1 << self.key_bits)
-                + _offset(self.key, self.key_min, self.key_dtype).fill_null(self.key_span))
-        return pl.when(within).then(code).alias(PACKED)
-
-    def key_values(self, codes: np.ndarray) -> pl.Series:
-        nulls = codes == self.key_span
-        # The null code may lie past the key type's range (Int8 keys up to 127): it is decoded as 0, then nulled.
-        values = _values(self.key, np.where(nulls, 0, codes), self.key_min, self.key_dtype)
-        return values.scatter(np.flatnonzero(nulls), None) if nulls.any() else values
-
-    def key_codes_of(self, keys: pl.DataFrame) -> np.ndarray:
-        codes = (pl.col(self.key).cast(pl.Int128) - pl.lit(self.key_min, dtype=pl.Int128)).fill_null(self.key_span)
-        return keys.select(codes.cast(pl.Int64)).to_series().to_numpy()
-
-    def unit_values(self, codes: np.ndarray) -> pl.Series:
-        return _values(self.unit, codes, self.unit_min, self.unit_dtype)
-
-
-def _offset(column: str, minimum: int, dtype: pl.DataType) -> pl.Expr:
-    """column − minimum as Int64: exact for a row within the ranges (offsets below 2^62); for
-    any other row it wraps around, and `Codes.packed` nulls it.
-
-    Int64 throughout, not UInt64: Polars' checked cast to UInt64 cost a tenth of the sink.
-    """
-    if dtype == pl.UInt64:
-        return (pl.col(column) - pl.lit(minimum, dtype=pl.UInt64)).cast(pl.Int64, wrap_numerical=True)
-    return pl.col(column).cast(pl.Int64) - pl.lit(minimum, dtype=pl.Int64)
-
-
-def _values(name: str, codes: np.ndarray, minimum: int, dtype: pl.DataType) -> pl.Series:
-    """minimum + codes in the column's type; codes stay within the column's range, so no overflow."""
-    wide = np.uint64 if dtype == pl.UInt64 else np.int64
-    return pl.Series(name, codes.astype(wide) + wide(minimum)).cast(dtype)
-
-
-def packable(plan: QueryPlan, schema: dict[str, pl.DataType], key: str) -> bool:
-    """Whether the plan's columns allow packing, from the schema alone."""
-    if len(plan.privacy_unit) != 1 or len(plan.group_by) > 1:
-        return False
-    if any(q.quantity.is_quantile for q in plan.quantities):
-        return False
-    return all(column in schema and schema[column].is_integer() for column in (plan.privacy_unit[0], key))
-
-
-def codes_for(rows: pl.LazyFrame, unit: str, key: str, info: InputInfo, fan_out: int = 1) -> Codes | None:
-    """The packing of this input's (unit, key), or None if its ranges do not fit in 62 bits.
-
-    The ranges come from the Parquet footers' statistics where every row group has them (and,
-    for a key a public lookup adds, from the lookup), else from one streaming pass over the two
-    columns. `fan_out` bounds the rows a join makes of one row of the input. The ranges
-    decide how rows are packed and sharded, never what is released; a row outside them fails
-    the run (`Codes.packed`).
-    """
-    schema = rows.collect_schema()
-    ranges = _footer_ranges(info, unit, key, fan_out) or _scanned_ranges(rows, unit, key)
-    (unit_min, unit_max), (key_min, key_max), count = ranges[unit], ranges[key], ranges["rows"]
-    key_span = key_max - key_min + 1
-    key_bits = key_span.bit_length()
-    unit_bits = (unit_max - unit_min).bit_length()
-    if key_span + 1 > MAX_KEY_CODES or unit_bits + key_bits > PACKED_BITS:
-        return None
-    return Codes(unit, unit_min, unit_max, schema[unit], key, key_min, key_span, schema[key], key_bits, count)
-
-
-Ranges = dict[str, Any]
-
-
-def _scanned_ranges(rows: pl.LazyFrame, unit: str, key: str) -> Ranges:
-    stats = collect(rows.select(
-        pl.len().alias("rows"), pl.col(unit).min().alias("unit_min"), pl.col(unit).max().alias("unit_max"),
-        pl.col(key).min().alias("key_min"), pl.col(key).max().alias("key_max"),
-    )).row(0, named=True)
-    return {
-        "rows": stats["rows"],
-        unit: (0, 0) if stats["unit_min"] is None else (int(stats["unit_min"]), int(stats["unit_max"])),
-        key: (0, 0) if stats["key_min"] is None else (int(stats["key_min"]), int(stats["key_max"])),
-    }
-
-
-def _footer_ranges(info: InputInfo, unit: str, key: str, fan_out: int) -> Ranges | None:
-    """Row count and column ranges from Parquet footers and public lookups alone (filters only
-    narrow them). A join keeps a subset of its first input's units, and takes a key from the
-    input that holds the column; a lookup's key range is read from the (public) lookup."""
-    if key == GLOBAL_KEY:  # the global partition: one key, 0
-        found = _parquet_ranges(info, [unit])
-        return None if found is None else found | {key: (0, 0), "rows": found["rows"] * fan_out}
-    if key not in info.joined_schema:  # derived by the query
-        return None
-    holder = next((j for j in info.joins if key in j.info.schema and key not in j.on), None)
-    if holder is None:
-        found = _parquet_ranges(info, [unit, key])
-    else:
-        own = _parquet_ranges(info, [unit])
-        other = _parquet_ranges(holder.info, [key]) or (_scanned_range(holder.info, key) if holder.public else None)
-        found = None if own is None or other is None else own | {key: other[key]}
-    return None if found is None else found | {"rows": found["rows"] * fan_out}
-
-
-def _scanned_range(lookup: InputInfo, key: str) -> Ranges:
-    """A public lookup's range of `key`, read from its (small, public) file."""
-    low, high = collect(scan(lookup).select(pl.col(key).min().alias("low"), pl.col(key).max().alias("high"))).row(0)
-    return {key: (0, 0) if low is None else (int(low), int(high))}
-
-
-def _parquet_ranges(info: InputInfo, columns: list[str]) -> Ranges | None:
-    """Row count and each column's (min, max) over every row group of a Parquet input, or None
-    where a footer lacks them (CSV, a derived column, a row group without statistics)."""
-    if info.format != "parquet":
-        return None
-    found: Ranges = {"rows": 0}
-    for path in info.paths:
-        metadata = pq.ParquetFile(path).metadata
-        names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
-        for group in (metadata.row_group(i) for i in range(metadata.num_row_groups)):
-            found["rows"] += group.num_rows
-            for column in columns:
-                stats = group.column(names.index(column)).statistics if column in names else None
-                if stats is None or not stats.has_min_max:
-                    return None
-                low, high = found.get(column, (stats.min, stats.max))
-                found[column] = (min(low, int(stats.min)), max(high, int(stats.max)))
-    return found if all(column in found for column in columns) else None
 
 
 @dataclass
@@ -332,7 +188,10 @@ class SortedBounding:
         self.plan = plan
         self.codes = codes
         self.seed = seed
-        self.quantities = [q.quantity for q in plan.quantities if q.quantity.aggregate != "privacy_units"]
+        self.quantities = [q.quantity for q in plan.quantities
+                           if q.quantity.aggregate != "privacy_units" and not q.quantity.is_quantile]
+        self.quantile_plans = [q for q in plan.quantities if q.quantity.is_quantile]
+        self.leaf_columns = [sorted_quantiles.leaf_column(i) for i in range(len(self.quantile_plans))]
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
         ids = [q.id for q in self.quantities]
         self.chosen: np.ndarray | None = None
@@ -340,28 +199,37 @@ class SortedBounding:
         keep_freed_memory()
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
-        frame = rows.select(codes.packed(), *self.value_columns)
+        keyed = codes.keys.attach(rows)
+        leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
+        if isinstance(codes.units, RangeUnits):
+            frame = keyed.select(codes.packed(codes.units.code()), *self.value_columns, *leaves)
+        else:  # the units are coded once their shard is in memory (`_packed`)
+            frame = keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *self.value_columns]), *leaves)
         loads = _shards(frame, codes, seed, workdir)
-        work = [partial(self._bound_shard, load, workdir / f"heavy-{index}.arrow") for index, load in enumerate(loads)]
-        heavy_files, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.key_codes, ids))
+        work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
+        outputs, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
             totals.merge(other)
         self.light, self.first_heavy = totals.light, totals.first_heavy
-        self.heavy_files = [heavy_file for heavy_file in heavy_files if heavy_file is not None]
+        self.heavy_files = [output.heavy for output in outputs if output.heavy is not None]
+        self.leaf_files = [output for output in outputs if output.light_leaves is not None]
 
     def _row_values(self, shard: pl.DataFrame) -> pl.DataFrame:
         """A shard's packed codes, each value column's non-null flag, each value quantity's units."""
-        if not self.value_columns:
-            return shard
         present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns]
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
-        return shard.select(PACKED, *present, *values)
+        return shard.select(PACKED, *present, *values, *self.leaf_columns)
 
-    def _bound_shard(self, load: Callable[[], pl.DataFrame], heavy_file: Path, totals: _WorkerTotals) -> Path | None:
+    def _bound_shard(self, load: Callable[[], pl.DataFrame], files: _ShardOutput, totals: _WorkerTotals
+                     ) -> _ShardOutput:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
-        heavy units' pairs, ranked, go to `heavy_file`, which is returned (None if the shard
-        has no heavy unit)."""
-        pairs = _pair_sums(self._row_values(load()))
+        heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
+        are returned (the names of those written)."""
+        shard, unit_values = self._packed(load())
+        pairs = _pair_sums(self._row_values(shard), carried=self.leaf_columns)
+        del shard
+        leaves = [pairs.pop(column) for column in self.leaf_columns]
+        starts = pairs.pop(STARTS)
         pair_packed = pairs.pop(PACKED)
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
@@ -374,15 +242,33 @@ class SortedBounding:
         heavy = _run_members(user_starts, per_unit, is_heavy)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         totals.light.add(key_code[heavy], heavy_partials, sign=-1)
-        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials)
+        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials, unit_values)
         self._add_kept(totals.first_heavy, ranked, None)
+        if leaves:
+            heavy_pairs = np.zeros(unit_code.size, dtype=bool)
+            heavy_pairs[heavy] = True
+            light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(leaves, starts, key_code, unit_code, heavy_pairs,
+                                                                       self.plan.max_rows)
+            light_leaves.write_ipc(files.light_leaves, compression="uncompressed")
+            heavy_leaves.write_ipc(files.heavy_leaves, compression="uncompressed")
+        else:
+            files = replace(files, light_leaves=None, heavy_leaves=None)
         if ranked.height == 0:
-            return None
-        ranked.write_ipc(heavy_file, compression="uncompressed")
-        return heavy_file
+            return replace(files, heavy=None)
+        ranked.write_ipc(files.heavy, compression="uncompressed")
+        return files
+
+    def _packed(self, shard: pl.DataFrame) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+        """The shard with its packed codes, and how to find the values of a unit from its code."""
+        units = self.codes.units
+        if isinstance(units, RangeUnits):
+            return shard, units.values
+        shard = shard.with_columns(shard_unit_codes(shard, units))
+        shard = shard.with_columns(self.codes.packed(pl.col(UNIT)))
+        return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
-        """Each pair's partial, bounded to max_rows rows' worth, exactly as the general path."""
+        """Each pair's partial, bounded to max_rows rows' worth (the Spark engine's `_partials` computes the same)."""
         m = self.plan.max_rows
         present = pairs[ROWS if quantity.column is None else _present(quantity.column)]
         if quantity.aggregate == "rows":
@@ -397,14 +283,14 @@ class SortedBounding:
         result[over] = scaled.cast(pl.Int64).to_numpy()
         return result
 
-    def _ranked_heavy(self, unit_code: np.ndarray, key_code: np.ndarray, partials: dict[str, np.ndarray]) -> pl.DataFrame:
-        """A heavy unit's pairs in the order of the keyed hash of (unit, partition) that chooses them."""
-        codes = self.codes
-        frame = pl.DataFrame({codes.unit: codes.unit_values(unit_code), codes.key: codes.key_values(key_code)})
-        hashes = frame.select(pl.struct(codes.unit, codes.key).hash(self.seed))[:, 0].to_numpy()
+    def _ranked_heavy(self, unit_code: np.ndarray, key_code: np.ndarray, partials: dict[str, np.ndarray],
+                      unit_values: Callable[[np.ndarray], pl.DataFrame]) -> pl.DataFrame:
+        """A heavy unit's pairs in the order of the keyed hash of (unit, partition) values that chooses them."""
+        frame = pl.concat([unit_values(unit_code), self.codes.keys.values(key_code)], how="horizontal")
+        hashes = frame.select(pl.struct(frame.columns).hash(self.seed))[:, 0].to_numpy()
         # One UInt64 sort key: the unit's index among these units on top, the hash's top bits
-        # below (a two-column sort costs several times more). Equal keys keep their order, like
-        # the general path's ordinal rank; whatever the order, each unit keeps at most L0 pairs.
+        # below (a two-column sort costs several times more). Equal keys keep their order in the
+        # shard; whatever the order, each unit keeps at most L0 pairs.
         starts, lengths = _runs(unit_code)
         index = np.repeat(np.arange(starts.size, dtype=np.uint64), lengths)
         bits = max(1, starts.size.bit_length())
@@ -417,15 +303,20 @@ class SortedBounding:
         among the chosen keys only if given (Plume's second bounding)."""
         if ranked.height == 0:
             return
+        kept = self._kept(ranked, chosen)
+        totals.add(ranked["key"].to_numpy()[kept], {q.id: ranked[q.id].to_numpy()[kept] for q in self.quantities})
+
+    def _kept(self, ranked: pl.DataFrame, chosen: np.ndarray | None) -> np.ndarray:
+        """The rows of the ranked heavy pairs each unit keeps: its L0 first-ranked pairs, among
+        the chosen keys only if given."""
         keys = ranked["key"].to_numpy()
         candidates = np.flatnonzero(chosen[keys]) if chosen is not None else np.arange(ranked.height)
-        kept = candidates[_rank_within_runs(ranked["unit"].to_numpy()[candidates]) < self.plan.max_partitions]
-        totals.add(keys[kept], {q.id: ranked[q.id].to_numpy()[kept] for q in self.quantities})
+        return candidates[_rank_within_runs(ranked["unit"].to_numpy()[candidates]) < self.plan.max_partitions]
 
     def _rebound_heavy(self) -> _Totals:
         """Plume's second bounding of the heavy units, among the chosen keys."""
         work = [partial(self._add_kept_from, path) for path in self.heavy_files]
-        _, (totals, *others) = _in_parallel_into(work, partial(_Totals.zeros, self.codes.key_codes,
+        _, (totals, *others) = _in_parallel_into(work, partial(_Totals.zeros, self.codes.keys.count,
                                                                [q.id for q in self.quantities]))
         for other in others:
             totals.merge(other)
@@ -438,12 +329,12 @@ class SortedBounding:
         """col : (key, privacy units after the first bounding) for keys with at least one unit."""
         units = self.light.units + self.first_heavy.units
         present = np.flatnonzero(units)
-        return pl.DataFrame([self.codes.key_values(present), pl.Series(UNITS, units[present])])
+        return self.codes.keys.values(present).with_columns(pl.Series(UNITS, units[present]))
 
     def restrict(self, chosen: pl.DataFrame, rebound: bool) -> None:
         """Keep the chosen partitions only; with `rebound`, bound heavy units again among them (Plume)."""
-        self.chosen = np.zeros(self.codes.key_codes, dtype=bool)
-        self.chosen[self.codes.key_codes_of(chosen)] = True
+        self.chosen = np.zeros(self.codes.keys.count, dtype=bool)
+        self.chosen[self.codes.keys.codes_of(chosen)] = True
         self.rebound = rebound
 
     def partition_sums(self) -> pl.DataFrame:
@@ -453,23 +344,62 @@ class SortedBounding:
         if self.chosen is not None:
             units = np.where(self.chosen, units, 0)
         present = np.flatnonzero(units)
-        columns = [self.codes.key_values(present), pl.Series(UNITS, units[present])]
+        columns = [pl.Series(UNITS, units[present])]
         for noisy in self.plan.quantities:
             qid = noisy.quantity.id
             if noisy.quantity.aggregate == "privacy_units":
                 columns.append(pl.Series(qid, units[present]).cast(pl.Int128))
-            else:
+            elif not noisy.quantity.is_quantile:
                 columns.append((self.light.column(qid, present) + heavy.column(qid, present)).alias(qid))
-        return pl.DataFrame(columns)
+        return pl.concat([self.codes.keys.values(present), pl.DataFrame(columns)], how="horizontal")
+
+    def quantiles(self, partitions: pl.DataFrame, source: RandomSource) -> dict[str, dict[float, np.ndarray]]:
+        """Every quantile quantity's answers for `partitions`, by quantity id, in the plan's order."""
+        chosen = self.chosen if self.rebound else None
+        heavy = [(self._kept_pairs(output.heavy, chosen), output.heavy_leaves) for output in self.leaf_files
+                 if output.heavy is not None and output.heavy_leaves is not None]
+        light = [output.light_leaves for output in self.leaf_files if output.light_leaves is not None]
+        codes = self.codes.keys.codes_of(partitions)
+        return {noisy.quantity.id: release_steps.answer_quantile(
+                    noisy, self.plan, sorted_quantiles.leaf_table(position, light, heavy, codes), partitions.height,
+                    source)
+                for position, noisy in enumerate(self.quantile_plans)}
+
+    def _kept_pairs(self, heavy: Path, chosen: np.ndarray | None) -> pl.DataFrame:
+        """col : (unit, key) of the heavy pairs in this file that their units keep."""
+        ranked = pl.read_ipc(heavy, columns=["unit", "key"])
+        return ranked[self._kept(ranked, chosen)]
 
 
-def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
-    """Per (unit, partition) pair, in packed order: its code, its rows, and the sum of every other column.
+@dataclass(frozen=True)
+class _ShardOutput:
+    """A shard's files: its heavy units' ranked pairs, and its light and heavy units' weighted
+    leaves (`sorted_quantiles.shard_leaves`); None where the shard wrote none."""
+
+    heavy: Path | None
+    light_leaves: Path | None
+    heavy_leaves: Path | None
+
+    @classmethod
+    def named(cls, folder: Path, index: int) -> _ShardOutput:
+        return cls(*(folder / f"{kind}-{index}.arrow" for kind in ("heavy", "leaves", "heavy-leaves")))
+
+
+def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:
+    """The values of the units with these codes (col : (UNIT, unit columns) of a shard), in the order given."""
+    found = shard_units.filter(pl.col(UNIT).is_in(pl.Series(np.unique(codes)).implode())).unique(UNIT)
+    return pl.DataFrame({UNIT: codes}).join(found, on=UNIT, how="left", maintain_order="left").drop(UNIT)
+
+
+def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Per (unit, partition) pair, in packed order: its code, its rows, the sum of every other column
+    except the `carried` ones, given per row in packed order, and where each pair's rows start.
 
     A pair's rows are a run in the sorted codes, so np.add.reduceat sums them (no hashing).
     """
     if shard[PACKED].null_count():
-        raise DataError("a Parquet footer's statistics do not match the file's data; rewrite the file")
+        raise DataError("the input changed while dprun read it, or a Parquet footer's statistics do not match "
+                        "the file's data; rewrite the file")
     if shard.height >= 2**32:
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
@@ -484,10 +414,10 @@ def _pair_sums(shard: pl.DataFrame) -> dict[str, np.ndarray]:
         shard = shard.sort(PACKED, multithreaded=False)
     packed = shard[PACKED].to_numpy()
     starts, rows = _runs(packed)
-    pairs = {PACKED: packed[starts], ROWS: rows}
+    pairs = {PACKED: packed[starts], ROWS: rows, STARTS: starts}
     for column in [name for name in shard.columns if name != PACKED]:
         values = shard[column].to_numpy()
-        pairs[column] = np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
+        pairs[column] = values if column in carried else np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
     return pairs
 
 
@@ -529,7 +459,9 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
     if count == 1:
         return [lambda: collect(frame)]
     files = _ShardFiles(workdir / "packed")
-    shard_of_unit = (pl.col(PACKED) // (1 << codes.key_bits)).hash(seed) % count
+    unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeUnits) else pl.struct(
+        list(codes.units.columns))
+    shard_of_unit = unit.hash(seed) % count
     try:
         sink(frame.with_columns(shard_of_unit.alias(SHARD)),
              pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),

@@ -34,6 +34,7 @@ from scipy import stats
 
 from dprun import api
 from dprun.engines import polars_engine, release_steps
+from dprun.engines.sorted_bounding import SortedBounding
 from dprun.mechanisms.noise import NoisePlan, add_noise, to_grid
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
@@ -76,26 +77,21 @@ def unbounded(plan: QueryPlan) -> QueryPlan:
 
 def pre_noise_sums(plan: QueryPlan, validated: api.ValidatedSpec, hash_seed: int, workdir: Path) -> pl.DataFrame:
     """The engine's exact per-partition integer sums (before noise), public or global partitions,
-    computed with the engine's own steps (`_partial_shards`, `_cross_partition_bound`,
-    `_partition_sums`) and the given hash key, so that two datasets bounded with the same key
-    differ only by what bounding let the extra unit keep."""
+    computed with the engine's own bounding (`polars_engine._bounding`) and the given hash key,
+    so that two datasets bounded with the same key differ only by what bounding let the extra
+    unit keep."""
     assert plan.selection.mode in ("public", "global"), plan.selection.mode
-    info = validated.query_inputs[plan.name]
     keys = list(plan.group_by) or [polars_engine.GLOBAL_KEY]
-    workdir.mkdir(parents=True, exist_ok=True)
-    partials = partial_frames(plan, info, keys, hash_seed, workdir)
-    bounded = [polars_engine._cross_partition_bound(shard, plan, keys, hash_seed) for shard in partials]
-    sums = polars_engine._partition_sums(bounded, partials, plan, keys)
+    sums = bounding(plan, validated, hash_seed, workdir).partition_sums()
     sums = release_steps.with_all_keys(sums, release_steps.public_keys(plan), plan)
     return sums.sort(keys, nulls_last=True)
 
 
-def partial_frames(plan: QueryPlan, info: Any, keys: list[str], hash_seed: int, workdir: Path) -> list[pl.LazyFrame]:
-    """The engine's per-(unit, partition) partials, one frame per shard of units."""
-    rows = polars_engine._rows(plan, info, keys, hash_seed)
-    shards = polars_engine._partial_shards(plan, rows, info, keys, hash_seed, workdir)
-    # A shard is a file of partials, or (with quantile trees) an object naming that file.
-    return [pl.scan_parquet(getattr(shard, "partials", shard)) for shard in shards]
+def bounding(plan: QueryPlan, validated: api.ValidatedSpec, hash_seed: int, workdir: Path) -> SortedBounding:
+    """The engine's contribution bounding of the query's rows, with the given hash key."""
+    keys = list(plan.group_by) or [polars_engine.GLOBAL_KEY]
+    workdir.mkdir(parents=True, exist_ok=True)
+    return polars_engine._bounding(plan, validated.query_inputs[plan.name], keys, (hash_seed, hash_seed), workdir)
 
 
 def changed_partitions(before: pl.DataFrame, after: pl.DataFrame, plan: QueryPlan) -> list[int]:

@@ -22,7 +22,7 @@ import polars as pl
 import pytest
 
 import dp_audit
-from dprun.engines import polars_engine
+from dprun.engines import polars_steps, sorted_bounding
 from dprun.plan import QueryPlan
 
 HEAVY = "SECRET-HEAVY-UNIT"
@@ -126,9 +126,10 @@ def test_sharding_the_units_changes_no_exact_sum(tmp_path: Path, monkeypatch: py
                             {"public": KEYS})
     hash_seed = seed % 2**64
     whole = dp_audit.pre_noise_sums(plan, validated, hash_seed, tmp_path / "one")
-    monkeypatch.setattr(polars_engine, "SHARD_BYTES", 2**14)
-    shards = polars_engine._shard_count(validated.inputs["data"])
-    assert shards >= 4, f"the test should split the units over several shards, not {shards}"
+    rows = pl.scan_parquet(validated.inputs["data"].paths).select(pl.len()).collect().item()
+    monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", rows // 8)
+    shards = -(-rows // sorted_bounding.SHARD_ROWS)
+    assert shards >= 8, f"the test should split the units over several shards, not {shards}"
     sharded = dp_audit.pre_noise_sums(plan, validated, hash_seed, tmp_path / "many")
     assert sharded.equals(whole), f"seed={seed}: {shards} shards give other exact sums than one"
 
@@ -149,12 +150,8 @@ def test_the_global_partition_moves_by_at_most_one_partitions_worth(tmp_path: Pa
 
 def unit_counts(plan: QueryPlan, validated: Any, hash_seed: int, workdir: Path) -> pl.DataFrame:
     """The per-partition unit counts private selection decides on (the engine's first bounding)."""
-    info = validated.query_inputs[plan.name]
-    keys = list(plan.group_by)
-    workdir.mkdir()
-    partials = dp_audit.partial_frames(plan, info, keys, hash_seed, workdir)
-    bounded = [polars_engine._cross_partition_bound(s, plan, keys, hash_seed) for s in partials]
-    return polars_engine._combine([b.group_by(keys).agg(pl.len().alias("units")) for b in bounded], keys)
+    counts = dp_audit.bounding(plan, validated, hash_seed, workdir).unit_counts()
+    return counts.rename({polars_steps.UNITS: "units"})
 
 
 def test_private_selection_sees_the_unit_in_at_most_l0_partitions(tmp_path: Path) -> None:

@@ -225,10 +225,9 @@ def test_units_alone_in_their_partitions_show_up_at_most_with_probability_delta(
     assert big == {f"big{i}" for i in range(5)}, f"seed={seed}: {mechanism}: partitions of 1,000 units dropped: {big}"
 
     # The same run with contribution bounding switched off in the engine.
-    real_partials = polars_engine._partials
-    monkeypatch.setattr(polars_engine, "_cross_partition_bound", lambda partials, *args: partials)
-    monkeypatch.setattr(polars_engine, "_partials",
-                        lambda rows, plan, keys: real_partials(rows, dataclasses.replace(plan, max_rows=10**6), keys))
+    real_bounding = polars_engine._bounding
+    monkeypatch.setattr(polars_engine, "_bounding",
+                        lambda plan, *args: real_bounding(dp_audit.unbounded(plan), *args))
     seen, _ = released_units(spec, seed + 1)
     print(f"seed={seed} {mechanism}, no contribution bounding: {seen}/{UNITS} units made a partition appear")
     assert seen > bound, f"seed={seed}: {mechanism}: the engine without bounding went unnoticed ({seen} <= {bound})"

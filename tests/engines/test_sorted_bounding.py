@@ -1,14 +1,17 @@
-"""The sorted fast path (dprun/engines/sorted_bounding.py) against the general hash path.
+"""The sorted bounding path (dprun/engines/sorted_bounding.py, codes from dprun/engines/codes.py).
 
-Both paths bound contributions with the same partials and the same keyed hash, so under
-one test seed they must release identical tables: every test here runs a spec twice, once
-as it is and once with the fast path switched off, and compares the outputs exactly.
-Seeds come from os.urandom and are part of every assertion message.
+A release must not depend on how rows are coded or sharded: every test here runs a spec
+twice under one test seed, once as it is and once with another coding (keys by table
+instead of by range, units coded per shard instead of by offset) or with many small shards,
+and compares the outputs exactly. `test_bounding_properties.py` checks the bounded sums
+against a brute-force reference. Seeds come from os.urandom and are part of every
+assertion message.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,24 @@ from dprun_testing import fresh_seed
 from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
-from dprun.engines import polars_engine, sorted_bounding
+from dprun.engines import codes as codes_module
+from dprun.engines import sorted_bounding
+from dprun.engines.codes import Codes, RangeKeys, RangeUnits, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
 from dprun.spec.models import InputSpec
+
+Variant = Callable[[pytest.MonkeyPatch], None]
+
+
+def table_codes(patch: pytest.MonkeyPatch) -> None:
+    """Keys coded by the table of distinct keys, units by their rank in their shard."""
+    patch.setattr(codes_module, "MAX_KEY_CODES", 1)
+    patch.setattr(codes_module, "PACKED_BITS", 0)
+
+
+def small_shards(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(sorted_bounding, "SHARD_ROWS", 500)
 
 
 def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:
@@ -40,24 +57,31 @@ def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataTy
     return frame.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**32)))
 
 
-def both_paths(spec: Path, names: list[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[pl.DataFrame, pl.DataFrame]]:
-    """Each query's output from the fast path and from the general path, same seed."""
-    taken: list[bool] = []
+def both_ways(spec: Path, names: list[str], seed: int, monkeypatch: pytest.MonkeyPatch, variant: Variant
+              ) -> dict[str, tuple[pl.DataFrame, pl.DataFrame]]:
+    """Each query's output as the spec runs, and with `variant` applied, same seed; each run's
+    codings (unit and key code kinds) are checked to differ where `variant` changes them."""
+    codings: list[list[tuple[str, str]]] = [[], []]
     original = sorted_bounding.SortedBounding.__init__
 
-    def spy(self: sorted_bounding.SortedBounding, *args: Any) -> None:
-        taken.append(True)
-        original(self, *args)
+    def spy(run: int) -> Callable[..., None]:
+        def init(self: sorted_bounding.SortedBounding, plan: Any, rows: Any, codes: Codes, *args: Any) -> None:
+            codings[run].append((type(codes.units).__name__, type(codes.keys).__name__))
+            original(self, plan, rows, codes, *args)
+        return init
 
     with monkeypatch.context() as patch:
-        patch.setattr(sorted_bounding.SortedBounding, "__init__", spy)
+        patch.setattr(sorted_bounding.SortedBounding, "__init__", spy(0))
         run_ok(spec, seed)
-    assert len(taken) == len(names), f"seed={seed}: the fast path ran for {len(taken)} of {len(names)} queries"
-    fast = {name: output(spec, name) for name in names}
+    first = {name: output(spec, name) for name in names}
     with monkeypatch.context() as patch:
-        patch.setattr(polars_engine, "packable", lambda *args: False)
+        patch.setattr(sorted_bounding.SortedBounding, "__init__", spy(1))
+        variant(patch)
         run_ok(spec, seed)
-    return {name: (fast[name], output(spec, name)) for name in names}
+    assert len(codings[0]) == len(codings[1]) == len(names), f"seed={seed}: {codings}"
+    if variant is table_codes:
+        assert set(codings[1]) == {("ShardUnits", "TableKeys")}, f"seed={seed}: {codings}"
+    return {name: (first[name], output(spec, name)) for name in names}
 
 
 METRICS = [
@@ -69,14 +93,12 @@ METRICS = [
 ]
 
 
-@pytest.mark.parametrize("shard_rows", [2**23, 500])
-def test_fast_and_general_paths_release_identical_tables(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_rows: int
-) -> None:
+@pytest.mark.parametrize("variant", [small_shards, table_codes])
+def test_codes_and_shards_change_no_released_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     variant: Variant) -> None:
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     heavy_tailed_rows(rng, 3000).write_parquet(tmp_path / "data.parquet")
-    monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", shard_rows)
     queries = [
         query("plume", ["key"], METRICS, l0=3, m=2, partitions={"selection": "gaussian_threshold"}),
         query("no_second", ["key"], METRICS, l0=2, m=3,
@@ -86,17 +108,17 @@ def test_fast_and_general_paths_release_identical_tables(
         query("everything", [], METRICS, l0=1, m=5),
     ]
     spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6)
-    for name, (fast, general) in both_paths(spec, [q["name"] for q in queries], seed, monkeypatch).items():
+    for name, (fast, general) in both_ways(spec, [q["name"] for q in queries], seed, monkeypatch, variant).items():
         assert fast.height > 0, f"seed={seed}: {name} released nothing; the comparison would be empty"
-        assert fast.equals(general), f"seed={seed}: {name} differs between paths:\n{fast}\n{general}"
+        assert fast.equals(general), f"seed={seed}: {name} differs between codings:\n{fast}\n{general}"
 
 
 @pytest.mark.parametrize("lookup_format", ["parquet", "csv"])
-def test_keys_from_joins_and_query_derived_keys_take_the_fast_path_with_the_same_tables(
+def test_keys_from_joins_and_query_derived_keys_release_the_same_tables_by_range_and_by_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup_format: str
 ) -> None:
     """Ranges from a public lookup (its footers, or its CSV read), from a private input's footers,
-    or (a key the query derives) from a scan: the fast path runs and matches the general path."""
+    or (a key the query derives) from a scan: the same tables as keys coded by table."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     rows = heavy_tailed_rows(rng, 2000)
@@ -123,7 +145,7 @@ def test_keys_from_joins_and_query_derived_keys_take_the_fast_path_with_the_same
     document["inputs"] |= {"items": {"path": f"items.{lookup_format}", "public": True},
                            "profiles": {"path": "profiles.parquet"}}
     spec.write_text(json.dumps(document))
-    outputs = both_paths(spec, [q["name"] for q in joined], seed, monkeypatch)
+    outputs = both_ways(spec, [q["name"] for q in joined], seed, monkeypatch, table_codes)
     for name, (fast, general) in outputs.items():
         assert fast.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
         assert fast.equals(general), f"seed={seed}: {name} differs between paths:\n{fast}\n{general}"
@@ -145,7 +167,7 @@ def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, m
     queries = [query("narrow", ["key"], METRICS[:3], l0=3, m=2, partitions={"public": [*keys[:5], 127, -128]}),
                query("private", ["key"], METRICS[:3], l0=3, m=2, partitions={"selection": "gaussian_threshold"})]
     spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6)
-    outputs = both_paths(spec, ["narrow", "private"], seed, monkeypatch)
+    outputs = both_ways(spec, ["narrow", "private"], seed, monkeypatch, table_codes)
     fast, general = outputs["narrow"]
     assert fast.schema["key"] == pl.Int8, f"seed={seed}"
     assert fast["key"].to_list() == sorted([*keys[:5], 127, -128]), f"seed={seed}"
@@ -155,20 +177,24 @@ def test_narrow_and_unsigned_integer_columns_keep_their_values(tmp_path: Path, m
     assert fast.equals(general), f"seed={seed}:\n{fast}\n{general}"
 
 
-def codes_of(frame: pl.DataFrame, tmp_path: Path) -> sorted_bounding.Codes | None:
-    path = tmp_path / "codes.csv"
+def codes_of(frame: pl.DataFrame, tmp_path: Path) -> Codes:
+    path = tmp_path / "data.csv"
     frame.write_csv(path)
+    spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1])], epsilon=1.0, delta=1e-6, data="data.csv")
+    plan = api.plan(api.validate(spec)).queries[0]
     info = InputInfo("data", (path,), "csv", dict(frame.schema), InputSpec(path=str(path)))
-    return sorted_bounding.codes_for(pl.scan_csv(path, schema=frame.schema), "uid", "key", info)
+    return codes_module.codes_for(pl.scan_csv(path, schema=frame.schema), plan, ["key"], info, 1)
 
 
-def test_ranges_too_wide_to_pack_fall_back_to_the_general_path(tmp_path: Path) -> None:
-    wide_units = pl.DataFrame({"uid": [-(2**62), 2**62], "key": [1, 2]})
-    wide_keys = pl.DataFrame({"uid": [1, 2], "key": [0, sorted_bounding.MAX_KEY_CODES]})
-    assert codes_of(wide_units, tmp_path) is None
-    assert codes_of(wide_keys, tmp_path) is None
-    codes = codes_of(pl.DataFrame({"uid": [5, 9], "key": [None, 3]}, schema={"uid": pl.Int64, "key": pl.Int64}), tmp_path)
-    assert codes is not None and (codes.unit_min, codes.unit_max, codes.key_min, codes.key_span) == (5, 9, 3, 1)
+def test_ranges_too_wide_to_pack_are_coded_per_shard_and_by_table(tmp_path: Path) -> None:
+    wide_units = codes_of(pl.DataFrame({"uid": [-(2**62), 2**62], "key": [1, 2]}), tmp_path)
+    assert isinstance(wide_units.units, ShardUnits) and isinstance(wide_units.keys, RangeKeys)
+    wide_keys = codes_of(pl.DataFrame({"uid": [1, 2], "key": [0, codes_module.MAX_KEY_CODES]}), tmp_path)
+    assert isinstance(wide_keys.units, RangeUnits) and isinstance(wide_keys.keys, TableKeys)
+    assert sorted(wide_keys.keys.table["key"].to_list()) == [0, codes_module.MAX_KEY_CODES]
+    codes = codes_of(pl.DataFrame({"uid": [5, 9], "key": [None, 3]}, schema={"uid": pl.Int64, "key": pl.Int64}),
+                     tmp_path)
+    assert codes.units == RangeUnits("uid", 5, 9, pl.Int64()) and codes.keys == RangeKeys("key", 3, 1, pl.Int64())
 
 
 @pytest.mark.parametrize(("uid", "key", "uid_type"), [
@@ -182,7 +208,7 @@ def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, uid: list[i
                                                      uid_type: pl.DataType) -> None:
     """Parquet statistics are trusted only as far as every row is checked against them."""
     frame = pl.DataFrame({"uid": uid, "key": key}, schema={"uid": uid_type, "key": pl.Int64})
-    lying = sorted_bounding.Codes("uid", 1, 3, uid_type, "key", 1, 2, pl.Int64, 2, 4)
+    lying = Codes(RangeUnits("uid", 1, 3, uid_type), RangeKeys("key", 1, 2, pl.Int64()), ("key",), 4)
     pl.DataFrame({"uid": [1], "key": [1]}).write_parquet(tmp_path / "data.parquet")
     spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1], partitions={"public": [1, 2]})], epsilon=1.0)
     plan = api.plan(api.validate(spec)).queries[0]
@@ -225,3 +251,44 @@ def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
     assert min(expected) > 2**64, f"seed={seed}: each accumulator's sums must pass int64 for the test to mean anything"
     halves[0].merge(halves[1])
     assert halves[0].total().to_list() == expected, f"seed={seed}: per-key sums differ"
+
+
+@pytest.mark.parametrize("family", ["string", "compound", "two_keys", "date_key", "wide_ints"])
+def test_every_column_family_releases_the_same_tables_in_small_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      family: str) -> None:
+    """Text, compound units, two-column and date keys, integers too far apart to pack by offset:
+    every quantity (quantile trees and candidates included) is the same in 500-row shards."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = heavy_tailed_rows(rng, 2000)
+    unit: Any = "uid"
+    keys = ["key"]
+    if family == "string":
+        rows = rows.with_columns(("u" + pl.col("uid").cast(pl.String)).alias("uid"),
+                                 ("k" + pl.col("key").cast(pl.String)).alias("key"))
+    elif family == "compound":
+        rows = rows.with_columns((pl.col("key").fill_null(0) % 3).alias("day"))
+        unit = ["uid", "day"]
+    elif family == "two_keys":
+        rows = rows.with_columns((pl.col("value").fill_null(0) > 30).alias("big"))
+        keys = ["key", "big"]
+    elif family == "date_key":
+        rows = rows.with_columns((pl.date(2024, 1, 1) + pl.duration(days=pl.col("key"))).alias("key"))
+    else:
+        rows = rows.with_columns((pl.col("uid") * 2**50).alias("uid"), (pl.col("key") * 2**40).alias("key"))
+    rows.write_parquet(tmp_path / "data.parquet")
+    tree = {"name": "p", "kind": "quantile", "column": "value", "bounds": [-20, 80], "q": [0.1, 0.5, 0.9],
+            "quantile_method": "tree"}
+    cands = {"name": "mid", "kind": "median", "column": "value", "bounds": [-10, 70], "quantile_method": "candidates"}
+    queries = [
+        query("plume", keys, [*METRICS, tree], l0=3, m=2, partitions={"selection": "gaussian_threshold"}),
+        query("no_second", keys, [*METRICS, tree], l0=2, m=3,
+              partitions={"selection": "laplace_threshold", "second_bounding": False}),
+        query("released", keys, METRICS[:2], l0=4, m=1, partitions={"selection": "released_count"}),
+        query("everything", [], [*METRICS, tree, cands], l0=1, m=5),
+    ]
+    spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6, privacy_unit=unit)
+    for name, (whole, sharded) in both_ways(spec, [q["name"] for q in queries], seed, monkeypatch,
+                                            small_shards).items():
+        assert whole.height > 0, f"seed={seed}: {name} released nothing; the comparison would be empty"
+        assert whole.equals(sharded), f"seed={seed}: {name} differs in small shards:\n{whole}\n{sharded}"
