@@ -1,11 +1,11 @@
 """Wall time, peak memory and utility of `dprun run` against plain Polars baselines.
 
 Usage: python benchmarks/bench_run.py [--data benchmarks/data/synth_1e6.parquet]
-           [--cases a,b,c1,c2,c3] [--repeat N] [--limit CASE=GB ...] [--max-rss CASE=GB ...]
-           [--phases] [--keep DIR]
+           [--cases a,b,c1,c2,c3,a3,at,a2,d1,d2,d3] [--repeat N] [--limit CASE=GB ...]
+           [--max-rss CASE=GB ...] [--keep DIR]
 (with dprun installed, e.g. pip install -e .; data from generate_synthetic.py)
 
-Cases, each run in its own subprocess on one Parquet file (columns user_id, key, value):
+Cases, each run in its own subprocess on one Parquet file (columns user_id, key, value, day):
 
   a   non-private Polars group-by count per key (streaming engine); its output is the
       exact record count per key that every error is measured against, so (a) always runs
@@ -17,12 +17,25 @@ Cases, each run in its own subprocess on one Parquet file (columns user_id, key,
   c3  `dprun run` on specs/plume_sum_mean.yaml (count, sum and mean of `value` in
       [0, 100], automatic plan)
 
+Column families: each dprun case has its own floor, the non-private Polars streaming
+group-by on the same file and the same key columns (c2's floor is (a)):
+
+  a3  floor of c3: per key, the row count, and the sum and mean of `value` clipped to [0, 100]
+  at  floor of d1: (a) on the text copy of the data (user_id "u123", key "k42"; written next
+      to --data once, as <data>_text.parquet)
+  a2  floor of d3: a count per (key, day)
+  d1  c2's spec with the text unit and key, on the text copy
+  d2  c2's spec with the compound privacy unit [user_id, day] (floor: a)
+  d3  c2's spec grouped by the two-column key [key, day]
+
 The specs name ../data/synth_1e6.parquet. The script always runs a temporary copy of each
 spec that names --data by absolute path and writes its outputs (and dprun's scratch
 files, DPRUN_TMPDIR) to a temporary folder, so benchmarks/data/out is never touched.
 
-Columns: the wall time of the subprocess (interpreter start included; the fastest of
---repeat runs, (a) at least 3 runs), its ratio to (a) and (b), the CPU time (user +
+The cases run in rounds, each case once per round in the order given, so that a case and
+its floor see the same machine. Columns: the wall time of the subprocess (interpreter
+start included; the median and the fastest of --repeat runs, (a) at least 3 runs), the
+ratio of its median to its floor's median, its fastest to (a)'s and (b)'s, the CPU time (user +
 system; less sensitive than wall time to other work on the machine), the peak RSS
 (os.wait4's ru_maxrss), the peak virtual size (polled from /proc: what an address-space
 limit must allow), keys released, the mean absolute error (MAE) and mean relative error
@@ -32,8 +45,6 @@ the most records (a key not released counts as 0). Errors are averaged over the 
 Memory guards: --max-rss CASE=GB kills a case whose RSS passes GB (default b=15);
 --limit CASE=GB runs a case under RLIMIT_AS = GB GiB (like `ulimit -v` or `prlimit --as`),
 to show that it runs in bounded memory. A case that fails is reported as failed.
---phases also times, one subprocess each, the Polars steps of the engine's general (hash)
-path, which runs where the sorted fast path cannot (string or multi-column units or keys).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,21 +70,32 @@ import polars as pl
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE / "data" / "synth_1e6.parquet"
-SPECS = {"c1": "plume_paper.yaml", "c2": "plume_auto.yaml", "c3": "plume_sum_mean.yaml"}
+SPECS = {"c1": "plume_paper.yaml", "c2": "plume_auto.yaml", "c3": "plume_sum_mean.yaml",
+         "d1": "plume_auto.yaml", "d2": "plume_auto.yaml", "d3": "plume_auto.yaml"}
 DESCRIPTIONS = {
     "a": "polars group-by count (exact)",
     "b": "polars bounded L0=64 L∞=1 (non-private)",
     "c1": "dprun run, paper config (plume_paper)",
     "c2": "dprun run, automatic plan (plume_auto)",
     "c3": "dprun run, count+sum+mean (plume_sum_mean)",
+    "a3": "polars count, sum, mean of clipped value",
+    "at": "polars group-by count, text file",
+    "a2": "polars group-by count per (key, day)",
+    "d1": "dprun run, text unit and key",
+    "d2": "dprun run, unit [user_id, day]",
+    "d3": "dprun run, key [key, day]",
 }
-ALL_CASES = ["a", "b", "c1", "c2", "c3"]
+ALL_CASES = ["a", "b", "c1", "c2", "c3", "a3", "at", "a2", "d1", "d2", "d3"]
+FLOOR = {"c1": "a", "c2": "a", "c3": "a3", "d1": "at", "d2": "a", "d3": "a2"}
+# What the d cases change in c2's spec: the privacy unit and group_by lines.
+FAMILY_EDITS = {"d2": ("privacy_unit: user_id", "privacy_unit: [user_id, day]"),
+                "d3": ("group_by: [key]", "group_by: [key, day]")}
 DEFAULT_MAX_RSS = {"b": 15.0}
 BASELINE_RUNS = 3
 L0 = 64
 TOP_KEYS = 1000
 COUNT_COLUMN = "records"  # the count metric's name in every spec
-BYTES_PER_ROW = 24  # user_id int64 + key int64 + value float64
+BYTES_PER_ROW = 25  # user_id int64 + key int64 + value float64 + day int8
 VALUE_BOUNDS = (0.0, 100.0)  # c3's bounds on `value`
 
 # Baselines, run as `python -c CODE DATA OUT`.
@@ -82,6 +105,21 @@ data, out = sys.argv[1:3]
 counts = pl.scan_parquet(data).group_by("key").agg(pl.len().cast(pl.Int64).alias("records"))
 counts.sink_parquet(out, engine="streaming")
 """
+BASELINE_A3 = """
+import sys, polars as pl
+data, out = sys.argv[1:3]
+value = pl.col("value").clip(0, 100)
+aggregates = pl.scan_parquet(data).group_by("key").agg(
+    pl.len().cast(pl.Int64).alias("records"), value.sum().alias("value_sum"), value.mean().alias("value_mean"))
+aggregates.sink_parquet(out, engine="streaming")
+"""
+BASELINE_A2 = """
+import sys, polars as pl
+data, out = sys.argv[1:3]
+counts = pl.scan_parquet(data).group_by("key", "day").agg(pl.len().cast(pl.Int64).alias("records"))
+counts.sink_parquet(out, engine="streaming")
+"""
+BASELINES = {"a": BASELINE_A, "a3": BASELINE_A3, "at": BASELINE_A, "a2": BASELINE_A2}
 BASELINE_B = f"""
 import sys, polars as pl
 data, out = sys.argv[1:3]
@@ -90,57 +128,6 @@ kept = pairs.group_by("user_id").agg(pl.col("key").shuffle().head({L0}))  # L0 =
 counts = kept.explode("key").group_by("key").agg(pl.len().cast(pl.Int64).alias("records"))
 counts.sink_parquet(out, engine="streaming")
 """
-
-# The steps of the Polars engine's general path (polars_engine.HashBounding) for a per-key count,
-# re-implemented so that each can be timed alone. Each snippet sees `data` and `tmp`.
-PHASES = [
-    (
-        "read user_id, key (sum both columns)",
-        """
-pl.scan_parquet(data).select(pl.col("user_id").sum(), pl.col("key").sum()).collect(engine="streaming")
-""",
-    ),
-    (
-        "group-by count per key (= a)",
-        """
-pl.scan_parquet(data).group_by("key").agg(pl.len()).collect(engine="streaming")
-""",
-    ),
-    (
-        "shard rows by hash(user) (if > 128 MiB)",
-        """
-shards = -(-os.path.getsize(data) // (128 * 2**20))  # dprun: one shard per 128 MiB of Parquet
-if shards > 1:  # one shard: dprun groups the input directly
-    rows = pl.scan_parquet(data).select("key", "user_id")
-    rows = rows.with_columns((pl.struct("user_id").hash(1) % shards).alias("shard"))
-    rows.sink_parquet(pl.PartitionBy(f"{tmp}/rows", key="shard", include_key=False), mkdir=True, engine="streaming")
-""",
-    ),
-    (
-        "partials: group_by(user, key) per shard",
-        """
-import glob
-shards = [sorted(glob.glob(f"{d}/*.parquet")) for d in sorted(glob.glob(f"{tmp}/rows/shard=*"))] or [data]
-for i, files in enumerate(shards):
-    frame = pl.scan_parquet(files).group_by("user_id", "key").agg(pl.len().alias("n"))
-    frame.sink_parquet(f"{tmp}/partials-{i}.parquet", engine="streaming")
-""",
-    ),
-    (
-        "L0 bound (keyed hash) + users per key",
-        """
-import glob
-def bound(p):
-    h = p.with_columns(pl.struct("user_id", "key").hash(2).alias("h"))
-    over = h.group_by("user_id").agg(pl.len().alias("c")).filter(pl.col("c") > 64)
-    cut = h.join(over, on="user_id", how="semi").group_by("user_id").agg(pl.col("h").bottom_k(64).max().alias("cut"))
-    return h.join(cut, on="user_id", how="left").filter(pl.col("cut").is_null() | (pl.col("h") <= pl.col("cut")))
-for f in sorted(glob.glob(f"{tmp}/partials-*.parquet")):
-    bound(pl.scan_parquet(f)).group_by("key").agg(pl.len()).collect(engine="streaming")
-""",
-    ),
-]
-
 
 @dataclass
 class Measurement:
@@ -165,6 +152,10 @@ class Result:
     def seconds(self) -> float:
         """The fastest run: the least disturbed by other work on the machine."""
         return min(m.seconds for m in self.runs)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(m.seconds for m in self.runs)
 
     @property
     def cpu_seconds(self) -> float:
@@ -248,6 +239,9 @@ def run_measured(
 def spec_copy(case: str, data: Path, tmp: Path) -> tuple[Path, Path, Path]:
     """The case's spec with --data as input and its outputs in tmp: (spec, output, report)."""
     text = (HERE / "specs" / SPECS[case]).read_text()
+    if case in FAMILY_EDITS:
+        old, new = FAMILY_EDITS[case]
+        text = text.replace(old, new)
     output = tmp / case / "output.parquet"
     report = tmp / case / "report.json"
     text, n_input = re.subn(r"(?m)^(\s+path: )\.\./data/synth_1e6\.parquet$", rf"\g<1>{json.dumps(str(data))}", text)
@@ -262,9 +256,9 @@ def spec_copy(case: str, data: Path, tmp: Path) -> tuple[Path, Path, Path]:
 
 def case_argv(case: str, data: Path, tmp: Path) -> tuple[list[str], Path, Path | None]:
     """The command of a case, its output table and its report (dprun cases only)."""
-    if case in ("a", "b"):
+    if case in BASELINES or case == "b":
         out = tmp / f"{case}.parquet"
-        code = textwrap.dedent(BASELINE_A if case == "a" else BASELINE_B)
+        code = textwrap.dedent(BASELINES.get(case, BASELINE_B))
         return [sys.executable, "-c", code, str(data), str(out)], out, None
     spec, out, report = spec_copy(case, data, tmp)
     dprun = shutil.which("dprun", path=str(Path(sys.executable).parent)) or shutil.which("dprun")
@@ -272,23 +266,35 @@ def case_argv(case: str, data: Path, tmp: Path) -> tuple[list[str], Path, Path |
     return [*command, "run", str(spec), "--overwrite"], out, report
 
 
-def run_case(case: str, data: Path, tmp: Path, repeat: int, limit_gb: float | None, max_rss_gb: float | None,
-             exact: pl.DataFrame | None) -> Result:
+def text_copy(data: Path) -> Path:
+    """The data with user_id and key written as text ("u123", "k42"), made once next to it."""
+    path = data.with_name(f"{data.stem}_text.parquet")
+    if not path.is_file() or path.stat().st_mtime < data.stat().st_mtime:
+        print(f"writing {path} (text user_id and key) …", flush=True)
+        text = pl.scan_parquet(data).with_columns(("u" + pl.col("user_id").cast(pl.String)).alias("user_id"),
+                                                  ("k" + pl.col("key").cast(pl.String)).alias("key"))
+        text.sink_parquet(path, engine="streaming")
+    return path
+
+
+def run_once(case: str, data: Path, tmp: Path, limit_gb: float | None, max_rss_gb: float | None,
+             exact: pl.DataFrame | None, result: Result) -> None:
+    """One run of a case, added to `result`; utility only for the integer-key count cases."""
+    if result.error is not None:
+        return
     argv, out, report_path = case_argv(case, data, tmp)
     env = dict(os.environ, DPRUN_TMPDIR=str(tmp))
-    result = Result(case)
-    for _ in range(repeat):
-        measured = run_measured(argv, tmp, limit_gb, max_rss_gb, env)
-        result.runs.append(measured)
-        if measured.status != 0:
-            hint = f" (address space ≤ {limit_gb:g} GiB)" if limit_gb else ""
-            result.error = f"exit {measured.status}{hint}: {measured.message}"
-            return result
-        result.table = pl.read_parquet(out)
+    measured = run_measured(argv, tmp, limit_gb, max_rss_gb, env)
+    result.runs.append(measured)
+    if measured.status != 0:
+        hint = f" (address space ≤ {limit_gb:g} GiB)" if limit_gb else ""
+        result.error = f"exit {measured.status}{hint}: {measured.message}"
+        return
+    result.table = pl.read_parquet(out)
+    if case in ("a", "b", "c1", "c2", "c3"):
         result.utilities.append(utility(result.table, result.table if exact is None else exact))
-        if report_path is not None:
-            result.report = json.loads(report_path.read_text())
-    return result
+    if report_path is not None:
+        result.report = json.loads(report_path.read_text())
 
 
 def utility(released: pl.DataFrame, exact: pl.DataFrame) -> dict[str, float]:
@@ -349,33 +355,27 @@ def print_table(results: dict[str, Result]) -> None:
     base = results["a"].seconds
     bounded = results["b"].seconds if "b" in results and results["b"].error is None else None
     top = f"MRE top{TOP_KEYS}"
-    header = (f"{'case':<4} {'what':<43} {'wall s':>7} {'×(a)':>6} {'×(b)':>5} {'CPU s':>6} {'RSS GB':>6} {'VM GB':>6} "
-              f"{'keys':>9} {'MAE':>7} {'MRE':>7} {top:>12}")
+    header = (f"{'case':<4} {'what':<43} {'median':>7} {'fastest':>7} {'×floor':>7} {'×(a)':>6} {'×(b)':>5} "
+              f"{'CPU s':>6} {'RSS GB':>6} {'VM GB':>6} {'keys':>9} {'MAE':>7} {'MRE':>7} {top:>12}")
     print(header)
     print("-" * len(header))
     for case, r in results.items():
+        if not r.runs:
+            continue
+        floor = results.get(FLOOR.get(case, ""))
+        ratio_floor = f"{r.median / floor.median:.2f}" if floor is not None and floor.runs and not r.error else ""
         ratio_a = f"{r.seconds / base:.2f}" if case != "a" else ""
         ratio_b = f"{r.seconds / bounded:.2f}" if bounded and case.startswith("c") else ""
-        timing = (f"{case:<4} {DESCRIPTIONS[case]:<43} {r.seconds:>7.1f} {ratio_a:>6} {ratio_b:>5} {r.cpu_seconds:>6.1f} "
-                  f"{gb(r.rss_bytes):>6} {gb(r.virtual_bytes):>6}")
+        timing = (f"{case:<4} {DESCRIPTIONS[case]:<43} {r.median:>7.1f} {r.seconds:>7.1f} {ratio_floor:>7} "
+                  f"{ratio_a:>6} {ratio_b:>5} {r.cpu_seconds:>6.1f} {gb(r.rss_bytes):>6} {gb(r.virtual_bytes):>6}")
         if r.error is not None:
             print(f"{timing}  FAILED {r.error}")
             continue
+        if not r.utilities:
+            print(timing)
+            continue
         u = r.utility()
         print(f"{timing} {u['keys']:>9,.0f} {u['mae']:>7.2f} {u['mre']:>7.2%} {u['top_mre']:>12.2%}")
-
-
-def run_phases(data: Path, tmp: Path) -> None:
-    folder = tmp / "phases"
-    folder.mkdir(exist_ok=True)
-    print("\nPolars steps of the engine's general (hash) path for a per-key count, one subprocess each "
-          "(it runs the L0 step a second time, on the selected keys):")
-    print(f"{'step':<42} {'wall s':>7} {'CPU s':>7} {'RSS GB':>7}")
-    for name, body in PHASES:
-        code = f"import os, polars as pl\ndata, tmp = {str(data)!r}, {str(folder)!r}\n" + textwrap.dedent(body)
-        m = run_measured([sys.executable, "-c", code], tmp)
-        note = "" if m.status == 0 else f"  FAILED: {m.message}"
-        print(f"{name:<42} {m.seconds:>7.1f} {m.cpu_seconds:>7.1f} {gb(m.rss_bytes):>7}{note}", flush=True)
 
 
 def parse_limits(parser: argparse.ArgumentParser, items: list[str], option: str, limits: dict) -> dict:
@@ -396,13 +396,13 @@ def parse_limits(parser: argparse.ArgumentParser, items: list[str], option: str,
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Parquet input (default: %(default)s)")
-    parser.add_argument("--cases", default=",".join(ALL_CASES), help="comma-separated subset of a,b,c1,c2,c3 (a always runs)")
+    parser.add_argument("--cases", default="a,b,c1,c2,c3",
+                        help=f"comma-separated subset of {','.join(ALL_CASES)} (a always runs; default %(default)s)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; wall time is the fastest (default 1)")
     parser.add_argument("--limit", action="append", default=[], metavar="CASE=GB",
                         help="run CASE under an address-space limit (RLIMIT_AS) of GB GiB")
     parser.add_argument("--max-rss", action="append", default=[], metavar="CASE=GB",
                         help="kill CASE when its RSS passes GB (default b=15; b=0 for no limit)")
-    parser.add_argument("--phases", action="store_true", help="also time the general path's Polars steps one by one")
     parser.add_argument("--keep", type=Path, help="write the temporary specs and outputs here and keep them")
     args = parser.parse_args()
     cases = {c.strip() for c in args.cases.split(",") if c.strip()}
@@ -424,17 +424,21 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
     print(f"data: {args.data} — {rows:,} rows, {args.data.stat().st_size / 2**20:,.1f} MiB Parquet, "
           f"{rows * BYTES_PER_ROW / 1e9:.2f} GB in memory ({BYTES_PER_ROW} B/row); "
           f"{os.cpu_count()} cores, polars {pl.__version__}; load average {os.getloadavg()[0]:.2f}")
-    results: dict[str, Result] = {}
-    for case in args.cases:
-        limit, max_rss = args.limit.get(case), args.max_rss.get(case)
-        repeat = max(args.repeat, BASELINE_RUNS) if case == "a" else args.repeat
-        guards = [f"address space ≤ {limit:g} GiB" if limit else "", f"RSS ≤ {max_rss:g} GB" if max_rss else ""]
-        guard = ", ".join(g for g in guards if g)
-        print(f"running {case}: {DESCRIPTIONS[case]}, {repeat}×" + (f" ({guard})" if guard else ""), flush=True)
-        exact = results["a"].table if "a" in results else None
-        results[case] = run_case(case, args.data, tmp, repeat, limit, max_rss, exact)
-        if case == "a" and results[case].error is not None:
-            raise SystemExit(f"case a failed: {results[case].error}")
+    text = text_copy(args.data) if {"at", "d1"} & set(args.cases) else None
+    results = {case: Result(case) for case in args.cases}
+    rounds = max(args.repeat, BASELINE_RUNS if args.cases == ["a"] else args.repeat)
+    for round_index in range(rounds):
+        print(f"round {round_index + 1} of {rounds}: {', '.join(args.cases)}", flush=True)
+        for case in args.cases:
+            limit, max_rss = args.limit.get(case), args.max_rss.get(case)
+            data = text if case in ("at", "d1") and text is not None else args.data
+            exact = results["a"].table if case != "a" else None
+            # (a) runs at least BASELINE_RUNS times: its extra runs come in the first round.
+            times = BASELINE_RUNS - rounds + 1 if case == "a" and round_index == 0 and rounds < BASELINE_RUNS else 1
+            for _ in range(times):
+                run_once(case, data, tmp, limit, max_rss, exact, results[case])
+            if case == "a" and results[case].error is not None:
+                raise SystemExit(f"case a failed: {results[case].error}")
     print(f"load average after the runs: {os.getloadavg()[0]:.2f}\n")
     print_table(results)
     print()
@@ -444,8 +448,6 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
     if "c3" in results and results["c3"].table is not None:
         for line in sum_mean_errors(results["c3"].table, args.data):
             print(line)
-    if args.phases:
-        run_phases(args.data, tmp)
 
 
 def main() -> None:

@@ -9,7 +9,10 @@ adding users:
 * each record's key is drawn i.i.d. from 10^6 keys (index 1..10^6) with a
   Zipf-Mandelbrot law, s = 1.4, q = 1000;
 * a log-normal `value` column (2 decimals) gives sums and means something to
-  aggregate.
+  aggregate;
+* a `day` column (0..6, uniform, Int8) makes a compound privacy unit [user_id, day] and a
+  two-column key [key, day] possible; it comes from a generator of its own, so the other
+  columns are the same as before it was added.
 
 Users are generated in chunks, and each chunk is written as row groups through
 one ParquetWriter. Memory therefore stays bounded by the chunk size, and 10^7
@@ -37,7 +40,8 @@ HEAD_KEYS = 10**3  # The paper says the first 10^3 keys hold about 1/3 of record
 VALUE_MU, VALUE_SIGMA = 3.0, 1.0  # Log-normal parameters of `value`.
 CHUNK_USERS = 10**6
 
-SCHEMA = pa.schema([("user_id", pa.int64()), ("key", pa.int64()), ("value", pa.float64())])
+SCHEMA = pa.schema([("user_id", pa.int64()), ("key", pa.int64()), ("value", pa.float64()), ("day", pa.int8())])
+DAYS = 7
 
 
 def zipf_mandelbrot_cdf(support: int, s: float, q: float) -> np.ndarray:
@@ -82,6 +86,7 @@ class Stats:
 
 def chunk_table(
     rng: np.random.Generator,
+    day_rng: np.random.Generator,
     first_user: int,
     n_users: int,
     records_cdf: np.ndarray,
@@ -97,13 +102,15 @@ def chunk_table(
     stats.rows += user_ids.size
     stats.users_over_10 += int(np.count_nonzero(counts > 10))
     stats.head_key_rows += int(np.count_nonzero(keys <= HEAD_KEYS))
-    return pa.Table.from_arrays([user_ids, keys, values], schema=SCHEMA)
+    days = day_rng.integers(0, DAYS, user_ids.size, dtype=np.int8)
+    return pa.Table.from_arrays([user_ids, keys, values, days], schema=SCHEMA)
 
 
 def generate(n_users: int, out: Path, seed: int) -> None:
     """Write D_synth[n_users] to out and print its size, timing and checks."""
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
+    day_rng = np.random.default_rng([seed, 1])
     records_cdf = zipf_mandelbrot_cdf(MAX_RECORDS, RECORDS_S, RECORDS_Q)
     keys_cdf = zipf_mandelbrot_cdf(N_KEYS, KEYS_S, KEYS_Q)
     stats = Stats()
@@ -111,7 +118,7 @@ def generate(n_users: int, out: Path, seed: int) -> None:
     with pq.ParquetWriter(out, SCHEMA, compression="zstd") as writer:
         for first_user in range(0, n_users, CHUNK_USERS):
             n_chunk = min(CHUNK_USERS, n_users - first_user)
-            table = chunk_table(rng, first_user, n_chunk, records_cdf, keys_cdf, stats)
+            table = chunk_table(rng, day_rng, first_user, n_chunk, records_cdf, keys_cdf, stats)
             writer.write_table(table)
     seconds = time.perf_counter() - started
     size_mib = out.stat().st_size / 2**20
