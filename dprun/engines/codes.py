@@ -3,23 +3,24 @@
 A partition key (one or several columns of any type, null a value of its own) gets a code
 in 0 .. count−1 that indexes the per-partition arrays of `sorted_bounding`:
 
-* `RangeKeys`: one integer column whose values span at most MAX_KEY_CODES − 1 values, coded
-  by its offset from the smallest (the range comes from Parquet footers or a public lookup
-  where they give it, else from one streaming pass); null is the code after the last;
+* `RangeCodes`: integer columns, each coded by its offset from its smallest value and
+  combined in mixed radix, when their ranges span at most MAX_KEY_CODES codes (and no more
+  than the rows); the ranges come from Parquet footers or a public lookup where they give
+  them, else from one streaming pass; a column's null is the code after its largest value;
 * `TableKeys`: any other key, coded by its row in the table of distinct keys: the public
   partitions' list, or one streaming group-by over the key columns.
 
 A privacy unit gets a code that is unique among the units of its shard:
 
-* `RangeUnits`: one integer column, coded by its offset from the smallest value, packed with
-  the key before the rows are sharded;
-* `ShardUnits`: any other unit (text, dates, several columns, integers too far apart),
-  coded by its dense rank among the units of its shard once the shard is in memory
-  (`shard_unit_codes`).
+* `RangeCodes`: integer columns (a compound unit of integers too), coded as keys are,
+  packed with the key before the rows are sharded, when both fit in 62 bits;
+* `ShardUnits`: any other unit (text, dates, mixed columns, integers too far apart),
+  coded once its shard is in memory by a keyed hash of its values, checked to tell the
+  shard's units apart, or by its dense rank there (`shard_unit_codes`).
 
-Every code is exact: no hash stands in for identity, since two people merged by a collision
-would break the guarantee (a keyed hash only spreads units over shards, where a collision
-costs balance, nothing else). Memory: a shard of rows (`sorted_bounding.SHARD_ROWS`) per
+Every code is exact: two people merged by a collision would break the guarantee, so a hash
+stands for a unit only where it is checked to tell the units of its shard apart (a keyed hash
+also spreads units over shards, where a collision costs balance, nothing else). Memory: a shard of rows (`sorted_bounding.SHARD_ROWS`) per
 worker, and per distinct key its code's totals and the key's own values — as much as the
 table of partitions a selection needs anyway. Codes are internal, never released; which
 of a unit's contributions count is decided by a keyed hash of the unit's and the key's
@@ -28,6 +29,9 @@ values, never by a code.
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,41 +47,81 @@ PACKED = "__dprun_packed__"
 KEY = "__dprun_key_code__"
 UNIT = "__dprun_unit_code__"
 ROWS = "__dprun_rows__"
-# Per-partition totals are dense arrays indexed by the key's code: a key range wider than
-# this is coded by a table of the keys present instead.
-MAX_KEY_CODES = 2**22
+# Per-partition totals are dense arrays indexed by the key's code (8 bytes per code, quantity
+# and worker): integer keys whose ranges span more codes than this, or more than the rows
+# (and MIN_KEY_CODES), are coded by a table of the keys present instead.
+MAX_KEY_CODES = 2**24
+MIN_KEY_CODES = 2**16
 PACKED_BITS = 62
 
 
 @dataclass(frozen=True)
-class RangeKeys:
-    """One integer key column, coded value − minimum; `span` codes for values, then one for null."""
+class Digit:
+    """One integer column's place in a mixed-radix code: value − minimum, in 0 .. span−1, and
+    span for null where `nulls` (a key's null is a value of its own; a unit is never null)."""
 
     column: str
     minimum: int
     span: int
     dtype: pl.DataType
+    nulls: bool
+
+    @property
+    def radix(self) -> int:
+        return self.span + int(self.nulls)
+
+    def within(self) -> pl.Expr:
+        value = pl.col(self.column)
+        inside = value.is_between(self.minimum, self.minimum + self.span - 1)
+        return value.is_null() | inside if self.nulls else inside
+
+    def code(self) -> pl.Expr:
+        offset = _offset(self.column, self.minimum, self.dtype)
+        return offset.fill_null(self.span) if self.nulls else offset
+
+    def decode(self, codes: np.ndarray) -> pl.Series:
+        nulls = codes == self.span
+        # The null code may lie past the column type's range (Int8 keys up to 127): decoded as 0, then nulled.
+        values = _values(self.column, np.where(nulls, 0, codes), self.minimum, self.dtype)
+        return values.scatter(np.flatnonzero(nulls), None) if self.nulls and nulls.any() else values
+
+
+@dataclass(frozen=True)
+class RangeCodes:
+    """Integer columns coded by their offsets from their minimums, in mixed radix: the code of
+    values (v_1 … v_n) is Σ (v_i − min_i) · Π_{j>i} radix_j, below `count`."""
+
+    digits: tuple[Digit, ...]
 
     @property
     def count(self) -> int:
-        return self.span + 1
+        return math.prod(d.radix for d in self.digits)
+
+    @property
+    def bits(self) -> int:
+        return (self.count - 1).bit_length()
+
+    def code(self) -> pl.Expr:
+        """Each row's code; null for a row outside the ranges (the run then fails)."""
+        terms = [d.code() if stride == 1 else d.code() * stride for d, stride in zip(self.digits, self._strides(),
+                                                                                    strict=True)]
+        within = self.digits[0].within() if len(self.digits) == 1 else pl.all_horizontal(d.within() for d in self.digits)
+        return pl.when(within).then(functools.reduce(operator.add, terms))
 
     def attach(self, frame: pl.LazyFrame) -> pl.LazyFrame:
-        """The frame with each row's key code; null for a key outside the range (the run then fails)."""
-        key = pl.col(self.column)
-        within = key.is_null() | key.is_between(self.minimum, self.minimum + self.span - 1)
-        code = _offset(self.column, self.minimum, self.dtype).fill_null(self.span)
-        return frame.with_columns(pl.when(within).then(code).alias(KEY))
+        """The frame with each row's key code (`KEY`)."""
+        return frame.with_columns(self.code().alias(KEY))
 
     def values(self, codes: np.ndarray) -> pl.DataFrame:
-        nulls = codes == self.span
-        # The null code may lie past the key type's range (Int8 keys up to 127): decoded as 0, then nulled.
-        values = _values(self.column, np.where(nulls, 0, codes), self.minimum, self.dtype)
-        return (values.scatter(np.flatnonzero(nulls), None) if nulls.any() else values).to_frame()
+        return pl.DataFrame([d.decode(codes // stride % d.radix) for d, stride in zip(self.digits, self._strides(),
+                                                                                        strict=True)])
 
     def codes_of(self, keys: pl.DataFrame) -> np.ndarray:
-        offset = pl.col(self.column).cast(pl.Int128) - pl.lit(self.minimum, dtype=pl.Int128)
-        return keys.select(offset.fill_null(self.span).cast(pl.Int64)).to_series().to_numpy()
+        return keys.select(self.code()).to_series().to_numpy()
+
+    def _strides(self) -> list[int]:
+        radices = [d.radix for d in self.digits]
+        return [math.prod(radices[i + 1:]) for i in range(len(radices))]
 
 
 @dataclass(frozen=True)
@@ -106,36 +150,14 @@ class TableKeys:
 
 
 @dataclass(frozen=True)
-class RangeUnits:
-    """One integer unit column, coded value − minimum."""
-
-    column: str
-    minimum: int
-    maximum: int
-    dtype: pl.DataType
-
-    @property
-    def bits(self) -> int:
-        return (self.maximum - self.minimum).bit_length()
-
-    def code(self) -> pl.Expr:
-        """The unit's code; null outside the range (the run then fails)."""
-        within = pl.col(self.column).is_between(self.minimum, self.maximum)
-        return pl.when(within).then(_offset(self.column, self.minimum, self.dtype))
-
-    def values(self, codes: np.ndarray) -> pl.DataFrame:
-        return _values(self.column, codes, self.minimum, self.dtype).to_frame()
-
-
-@dataclass(frozen=True)
 class ShardUnits:
     """Any unit: coded per shard by `shard_unit_codes`."""
 
     columns: tuple[str, ...]
 
 
-Keys = RangeKeys | TableKeys
-Units = RangeUnits | ShardUnits
+Keys = RangeCodes | TableKeys
+Units = RangeCodes | ShardUnits
 
 
 @dataclass(frozen=True)
@@ -159,15 +181,21 @@ class Codes:
         return (unit_code * (1 << self.key_bits) + pl.col(KEY)).alias(PACKED)
 
 
-def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits) -> pl.Expr:
-    """Each row's unit code within its shard: the dense rank of its unit's values, from 0.
+def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int) -> pl.Series:
+    """Each row's unit code within its shard, below 2^bits.
 
-    Exact whatever the columns' types (a sort compares values); 0.3–0.6 s for 2^21 rows of
-    text ids on the benchmark machine.
+    The top bits of a keyed hash of the unit's values where they tell the shard's units apart,
+    which is checked exactly (as many distinct codes as distinct units: then no two units share
+    a code); else, when two units collide, the unit's dense rank among the shard's units. The
+    hash and the check cost about a third of the rank (a sort of the values) on text ids.
     """
     columns = list(units.columns)
-    unit = pl.col(columns[0]) if len(columns) == 1 and shard.schema[columns[0]].is_integer() else pl.struct(columns)
-    return (unit.rank("dense").cast(pl.Int64) - 1).alias(UNIT)
+    unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
+    top_bits = unit.hash(seed) // pl.lit(1 << (64 - bits), dtype=pl.UInt64)
+    hashed = shard.select(top_bits.cast(pl.Int64).alias(UNIT)).to_series()
+    if hashed.n_unique() == shard.select(unit.n_unique()).item():
+        return hashed
+    return shard.select((unit.rank("dense").cast(pl.Int64) - 1).alias(UNIT)).to_series()
 
 
 def codes_for(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], info: InputInfo, fan_out: int) -> Codes:
@@ -179,56 +207,58 @@ def codes_for(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], info: InputI
     """
     schema = dict(rows.collect_schema())
     units = list(plan.privacy_unit)
-    int_unit = units[0] if len(units) == 1 and schema[units[0]].is_integer() else None
-    int_key = keys[0] if len(keys) == 1 and schema[keys[0]].is_integer() else None
-    stats = _stats(rows, info, int_unit, keys, int_key, plan, fan_out)
-    key_codes = _key_codes(rows, plan, keys, int_key, stats, schema)
+    int_units = units if all(schema[c].is_integer() for c in units) else []
+    int_keys = keys if all(schema[c].is_integer() for c in keys) else []
+    stats = _stats(rows, info, int_units, keys, int_keys, plan, fan_out)
+    key_codes = _key_codes(rows, plan, keys, int_keys, stats, schema)
     unit_codes: Units = ShardUnits(tuple(units))
-    if int_unit is not None:
-        low, high = stats[int_unit]
-        ranged = RangeUnits(int_unit, low, high, schema[int_unit])
+    if int_units:
+        ranged = RangeCodes(tuple(_digit(c, stats[c], schema[c], nulls=False) for c in int_units))
         if ranged.bits + (key_codes.count - 1).bit_length() <= PACKED_BITS:
             unit_codes = ranged
     return Codes(unit_codes, key_codes, tuple(keys), stats[ROWS])
 
 
+def _digit(column: str, value_range: tuple[int, int], dtype: pl.DataType, nulls: bool) -> Digit:
+    low, high = value_range
+    return Digit(column, low, high - low + 1, dtype, nulls)
+
+
 Stats = dict[str, Any]
 
 
-def _stats(rows: pl.LazyFrame, info: InputInfo, int_unit: str | None, keys: list[str], int_key: str | None,
+def _stats(rows: pl.LazyFrame, info: InputInfo, int_units: list[str], keys: list[str], int_keys: list[str],
            plan: QueryPlan, fan_out: int) -> Stats:
     """Row count and (min, max) of the integer unit and key columns: from footers where they
-    have them, else from one pass (which, for a key coded by table, also finds the keys)."""
-    ranged = [c for c in (int_unit, int_key) if c is not None]
-    found = _footer_ranges(info, ranged, fan_out) if int_key is not None or plan.public_keys is not None else None
+    have them, else from one pass (which, for keys coded by table, also finds the keys)."""
+    ranged = [*int_units, *int_keys]
+    found = _footer_ranges(info, ranged, fan_out) if int_keys or plan.public_keys is not None else None
     if found is not None:
         return found
-    if int_key is None and plan.public_keys is None:
-        by_key = collect(rows.group_by(keys).agg(pl.len().alias(ROWS), *_min_max(int_unit)))
+    if not int_keys and plan.public_keys is None:
+        by_key = collect(rows.group_by(keys).agg(pl.len().alias(ROWS), *_min_max(int_units)))
         found = {ROWS: int(by_key[ROWS].sum()), "keys": by_key.select(keys)}
-        if int_unit is not None:
-            found[int_unit] = _range(by_key[f"{int_unit}_min"].min(), by_key[f"{int_unit}_max"].max())
-        return found
-    totals = collect(rows.select(pl.len().alias(ROWS), *_min_max(int_unit), *_min_max(int_key))).row(0, named=True)
+        return found | {c: _range(by_key[f"{c}_min"].min(), by_key[f"{c}_max"].max()) for c in int_units}
+    totals = collect(rows.select(pl.len().alias(ROWS), *_min_max(ranged))).row(0, named=True)
     return {ROWS: totals[ROWS], **{c: _range(totals[f"{c}_min"], totals[f"{c}_max"]) for c in ranged}}
 
 
-def _min_max(column: str | None) -> list[pl.Expr]:
-    if column is None:
-        return []
-    return [pl.col(column).min().alias(f"{column}_min"), pl.col(column).max().alias(f"{column}_max")]
+def _min_max(columns: list[str]) -> list[pl.Expr]:
+    return [e for c in dict.fromkeys(columns)
+            for e in (pl.col(c).min().alias(f"{c}_min"), pl.col(c).max().alias(f"{c}_max"))]
 
 
 def _range(low: Any, high: Any) -> tuple[int, int]:
     return (0, 0) if low is None else (int(low), int(high))
 
 
-def _key_codes(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], int_key: str | None, stats: Stats,
+def _key_codes(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], int_keys: list[str], stats: Stats,
                schema: dict[str, pl.DataType]) -> Keys:
-    if int_key is not None and int_key in stats:
-        low, high = stats[int_key]
-        if high - low + 2 <= MAX_KEY_CODES:
-            return RangeKeys(int_key, low, high - low + 1, schema[int_key])
+    if int_keys and all(c in stats for c in int_keys):
+        ranged = RangeCodes(tuple(_digit(c, stats[c], schema[c], nulls=True) for c in int_keys))
+        # Dense arrays of `count` totals: no more than the rows could fill (else a table of the keys present).
+        if ranged.count <= min(MAX_KEY_CODES, max(stats[ROWS], MIN_KEY_CODES)):
+            return ranged
     if plan.public_keys is not None:
         return TableKeys(plan.public_keys.select(keys).unique(maintain_order=True))
     if "keys" in stats:

@@ -39,10 +39,11 @@ from dprun.engines import release_steps, sorted_quantiles
 from dprun.engines.codes import (
     KEY,
     PACKED,
+    PACKED_BITS,
     ROWS,
     UNIT,
     Codes,
-    RangeUnits,
+    RangeCodes,
     shard_unit_codes,
 )
 from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
@@ -201,7 +202,7 @@ class SortedBounding:
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         keyed = codes.keys.attach(rows)
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
-        if isinstance(codes.units, RangeUnits):
+        if isinstance(codes.units, RangeCodes):
             frame = keyed.select(codes.packed(codes.units.code()), *self.value_columns, *leaves)
         else:  # the units are coded once their shard is in memory (`_packed`)
             frame = keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *self.value_columns]), *leaves)
@@ -261,9 +262,9 @@ class SortedBounding:
     def _packed(self, shard: pl.DataFrame) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
         """The shard with its packed codes, and how to find the values of a unit from its code."""
         units = self.codes.units
-        if isinstance(units, RangeUnits):
+        if isinstance(units, RangeCodes):
             return shard, units.values
-        shard = shard.with_columns(shard_unit_codes(shard, units))
+        shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - self.codes.key_bits, self.seed))
         shard = shard.with_columns(self.codes.packed(pl.col(UNIT)))
         return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
 
@@ -459,7 +460,7 @@ def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list
     if count == 1:
         return [lambda: collect(frame)]
     files = _ShardFiles(workdir / "packed")
-    unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeUnits) else pl.struct(
+    unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
         list(codes.units.columns))
     shard_of_unit = unit.hash(seed) % count
     try:

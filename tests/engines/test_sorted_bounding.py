@@ -24,7 +24,7 @@ from engine_specs import output, query, run_ok, write_spec
 from dprun import api
 from dprun.engines import codes as codes_module
 from dprun.engines import sorted_bounding
-from dprun.engines.codes import Codes, RangeKeys, RangeUnits, ShardUnits, TableKeys
+from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
 from dprun.spec.models import InputSpec
@@ -81,6 +81,7 @@ def both_ways(spec: Path, names: list[str], seed: int, monkeypatch: pytest.Monke
     assert len(codings[0]) == len(codings[1]) == len(names), f"seed={seed}: {codings}"
     if variant is table_codes:
         assert set(codings[1]) == {("ShardUnits", "TableKeys")}, f"seed={seed}: {codings}"
+        assert ("RangeCodes", "RangeCodes") in codings[0], f"seed={seed}: {codings}"
     return {name: (first[name], output(spec, name)) for name in names}
 
 
@@ -188,13 +189,14 @@ def codes_of(frame: pl.DataFrame, tmp_path: Path) -> Codes:
 
 def test_ranges_too_wide_to_pack_are_coded_per_shard_and_by_table(tmp_path: Path) -> None:
     wide_units = codes_of(pl.DataFrame({"uid": [-(2**62), 2**62], "key": [1, 2]}), tmp_path)
-    assert isinstance(wide_units.units, ShardUnits) and isinstance(wide_units.keys, RangeKeys)
+    assert isinstance(wide_units.units, ShardUnits) and isinstance(wide_units.keys, RangeCodes)
     wide_keys = codes_of(pl.DataFrame({"uid": [1, 2], "key": [0, codes_module.MAX_KEY_CODES]}), tmp_path)
-    assert isinstance(wide_keys.units, RangeUnits) and isinstance(wide_keys.keys, TableKeys)
+    assert isinstance(wide_keys.units, RangeCodes) and isinstance(wide_keys.keys, TableKeys)
     assert sorted(wide_keys.keys.table["key"].to_list()) == [0, codes_module.MAX_KEY_CODES]
     codes = codes_of(pl.DataFrame({"uid": [5, 9], "key": [None, 3]}, schema={"uid": pl.Int64, "key": pl.Int64}),
                      tmp_path)
-    assert codes.units == RangeUnits("uid", 5, 9, pl.Int64()) and codes.keys == RangeKeys("key", 3, 1, pl.Int64())
+    assert codes.units == RangeCodes((Digit("uid", 5, 5, pl.Int64(), nulls=False),))
+    assert codes.keys == RangeCodes((Digit("key", 3, 1, pl.Int64(), nulls=True),))
 
 
 @pytest.mark.parametrize(("uid", "key", "uid_type"), [
@@ -208,7 +210,8 @@ def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, uid: list[i
                                                      uid_type: pl.DataType) -> None:
     """Parquet statistics are trusted only as far as every row is checked against them."""
     frame = pl.DataFrame({"uid": uid, "key": key}, schema={"uid": uid_type, "key": pl.Int64})
-    lying = Codes(RangeUnits("uid", 1, 3, uid_type), RangeKeys("key", 1, 2, pl.Int64()), ("key",), 4)
+    lying = Codes(RangeCodes((Digit("uid", 1, 3, uid_type, nulls=False),)),
+                  RangeCodes((Digit("key", 1, 2, pl.Int64(), nulls=True),)), ("key",), 4)
     pl.DataFrame({"uid": [1], "key": [1]}).write_parquet(tmp_path / "data.parquet")
     spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1], partitions={"public": [1, 2]})], epsilon=1.0)
     plan = api.plan(api.validate(spec)).queries[0]
@@ -292,3 +295,18 @@ def test_every_column_family_releases_the_same_tables_in_small_shards(tmp_path: 
                                             small_shards).items():
         assert whole.height > 0, f"seed={seed}: {name} released nothing; the comparison would be empty"
         assert whole.equals(sharded), f"seed={seed}: {name} differs in small shards:\n{whole}\n{sharded}"
+
+
+@pytest.mark.parametrize("bits", [40, 4])
+def test_shard_unit_codes_tell_every_unit_apart(bits: int) -> None:
+    """With 40 bits the keyed hash's top bits tell 300 units apart; with 4 bits they cannot (16
+    codes), and the units' dense ranks are used instead: either way one code per unit."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    names = rng.choice([f"id-{i}" for i in range(300)], 5000)
+    shard = pl.DataFrame({"uid": names, "day": rng.integers(0, 3, 5000)})
+    units = ShardUnits(("uid", "day"))
+    codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64)
+    pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
+    assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
+    assert int(codes.max()) < 2**bits if bits == 40 else int(codes.max()) == pairs.height - 1, f"seed={seed}"
