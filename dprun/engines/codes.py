@@ -116,8 +116,9 @@ class RangeCodes:
         return pl.DataFrame([d.decode(codes // stride % d.radix) for d, stride in zip(self.digits, self._strides(),
                                                                                         strict=True)])
 
-    def codes_of(self, keys: pl.DataFrame) -> np.ndarray:
-        return keys.select(self.code()).to_series().to_numpy()
+    def codes_of(self, keys: pl.DataFrame) -> pl.Series:
+        """Each key's code; null for a key outside the ranges (a listed partition without data)."""
+        return keys.select(self.code()).to_series()
 
     def _strides(self) -> list[int]:
         radices = [d.radix for d in self.digits]
@@ -141,9 +142,10 @@ class TableKeys:
     def values(self, codes: np.ndarray) -> pl.DataFrame:
         return self.table[codes]
 
-    def codes_of(self, keys: pl.DataFrame) -> np.ndarray:
+    def codes_of(self, keys: pl.DataFrame) -> pl.Series:
+        """Each key's code; null for a key the table lacks (a listed partition without data)."""
         coded = keys.join(self._coded(), on=self.table.columns, how="left", nulls_equal=True, maintain_order="left")
-        return coded[KEY].to_numpy()
+        return coded[KEY]
 
     def _coded(self) -> pl.DataFrame:
         return self.table.with_row_index(KEY).with_columns(pl.col(KEY).cast(pl.Int64))

@@ -335,7 +335,9 @@ class SortedBounding:
     def restrict(self, chosen: pl.DataFrame, rebound: bool) -> None:
         """Keep the chosen partitions only; with `rebound`, bound heavy units again among them (Plume)."""
         self.chosen = np.zeros(self.codes.keys.count, dtype=bool)
-        self.chosen[self.codes.keys.codes_of(chosen)] = True
+        codes = self.codes.keys.codes_of(chosen)
+        assert codes.null_count() == 0, "chosen partitions have units, so they have codes"
+        self.chosen[codes.to_numpy()] = True
         self.rebound = rebound
 
     def partition_sums(self) -> pl.DataFrame:

@@ -58,16 +58,17 @@ def shard_leaves(leaves: list[np.ndarray], starts: np.ndarray, pair_keys: np.nda
 
 
 def leaf_table(position: int, light: list[Path], heavy: list[tuple[pl.DataFrame, Path]],
-               partition_codes: np.ndarray) -> pl.DataFrame:
+               partition_codes: pl.Series) -> pl.DataFrame:
     """col : (partition, leaf, weight) of quantity `position` over the kept pairs; partition i is
-    the key coded `partition_codes[i]` (other keys are not released).
+    the key coded `partition_codes[i]` (null: a listed partition without data; other keys are
+    not released).
 
     `heavy` pairs each heavy-leaf file with col : (unit, key) of the pairs its units keep.
     """
     parts = [pl.scan_ipc(path).filter(pl.col(QUANTITY) == position) for path in light]
     parts += [pl.scan_ipc(path).filter(pl.col(QUANTITY) == position).join(kept.lazy(), on=["unit", "key"], how="semi")
               for kept, path in heavy]
-    partitions = pl.DataFrame({"key": partition_codes, "partition": np.arange(partition_codes.size)})
+    partitions = pl.DataFrame({"key": partition_codes, "partition": np.arange(partition_codes.len())}).drop_nulls()
     schema = pl.Schema({"partition": pl.Int64(), "leaf": pl.Int64(), "weight": pl.Int128()})
     if not parts:
         return pl.DataFrame(schema=schema)
