@@ -232,6 +232,7 @@ class SortedBounding:
         leaves = [pairs.pop(column) for column in self.leaf_columns]
         starts = pairs.pop(STARTS)
         pair_packed = pairs.pop(PACKED)
+        rows_per_pair = pairs[ROWS]
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
         unit_code = pair_packed >> self.codes.key_bits
@@ -248,8 +249,8 @@ class SortedBounding:
         if leaves:
             heavy_pairs = np.zeros(unit_code.size, dtype=bool)
             heavy_pairs[heavy] = True
-            light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(leaves, starts, key_code, unit_code, heavy_pairs,
-                                                                       self.plan.max_rows)
+            light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(leaves, starts, rows_per_pair, key_code, unit_code,
+                                                                       heavy_pairs, self.plan.max_rows)
             light_leaves.write_ipc(files.light_leaves, compression="uncompressed")
             heavy_leaves.write_ipc(files.heavy_leaves, compression="uncompressed")
         else:

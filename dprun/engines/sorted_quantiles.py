@@ -32,15 +32,14 @@ def leaf_columns(quantiles: list[Quantity]) -> list[pl.Expr]:
     return [release_steps.leaf_expr(q).fill_null(NO_LEAF).alias(leaf_column(i)) for i, q in enumerate(quantiles)]
 
 
-def shard_leaves(leaves: list[np.ndarray], starts: np.ndarray, pair_keys: np.ndarray, pair_units: np.ndarray,
-                 heavy_pairs: np.ndarray, max_rows: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def shard_leaves(leaves: list[np.ndarray], starts: np.ndarray, rows_per_pair: np.ndarray, pair_keys: np.ndarray,
+                 pair_units: np.ndarray, heavy_pairs: np.ndarray, max_rows: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """A shard's weighted leaves: col : (quantity, key, leaf, weight) of its light units, summed,
     and col : (quantity, unit, key, leaf, weight) of its heavy units, one row per value.
 
     `leaves[i]` holds quantity i's leaf of every row in packed order; the pairs' rows start
-    at `starts`; `heavy_pairs` marks the pairs of units over L0.
+    at `starts`, `rows_per_pair` of them; `heavy_pairs` marks the pairs of units over L0.
     """
-    rows_per_pair = np.diff(starts, append=leaves[0].size if leaves else 0)
     pair_of_row = np.repeat(np.arange(starts.size), rows_per_pair)
     light_parts, heavy_parts = [], []
     for position, leaf in enumerate(leaves):
