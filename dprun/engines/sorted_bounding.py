@@ -14,9 +14,8 @@ partitions in both boundings, so its pairs are summed per partition straight awa
 Quantile metrics' weighted leaves follow the same split (`dprun.engines.sorted_quantiles`).
 
 The Spark engine computes the same thing with group-bys and windows: the same scaled
-partials and the same keyed hash of the unit's and the
-key's values to choose a heavy unit's partitions, so under the test seed both engines
-release identical tables.
+partials and the same keyed hash of the unit's and the key's values to choose a heavy
+unit's partitions, so under the test seed both engines release identical tables.
 """
 
 from __future__ import annotations
@@ -421,7 +420,12 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
     pairs = {PACKED: packed[starts], ROWS: rows, STARTS: starts}
     for column in [name for name in shard.columns if name != PACKED]:
         values = shard[column].to_numpy()
-        pairs[column] = values if column in carried else np.add.reduceat(values, starts, dtype=np.int64) if starts.size else values[:0].astype(np.int64)
+        if column in carried:
+            pairs[column] = values
+        elif starts.size:
+            pairs[column] = np.add.reduceat(values, starts, dtype=np.int64)
+        else:
+            pairs[column] = values[:0].astype(np.int64)
     return pairs
 
 
