@@ -515,12 +515,14 @@ def _hashed(writer: Callable[[Path], object], target: Path, digests: dict[Path, 
 
 
 @contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Let SIGINT/SIGTERM wait while outputs are moved into place and the ledger entry is marked published.
+def _signals_deferred(deliver_after: bool = False) -> Iterator[None]:
+    """Let SIGINT/SIGTERM wait while outputs are moved into place and the ledger entry is marked
+    published, or (`deliver_after`) while the scratch folder is removed.
 
     Once the first output is renamed into place the release exists; stopping before its
     entry is marked would leave it pending (counted, but without its files' sha256s).
     A signal that arrives meanwhile is dropped: the release is complete a moment later.
+    With `deliver_after`, it is raised again once the work is done: the run still stops.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -534,17 +536,28 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if deliver_after:
+            for signum in dict.fromkeys(caught):
+                signal.raise_signal(signum)
 
 
-def _scratch_folder() -> tempfile.TemporaryDirectory[str]:
-    """A private temporary folder in $DPRUN_TMPDIR (else the system's); exit 6 if it cannot be made."""
+@contextmanager
+def _scratch_folder() -> Iterator[str]:
+    """A private temporary folder in $DPRUN_TMPDIR (else the system's), exit 6 if it cannot be
+    made; removed at the end whatever happens. A signal that lands while it is being removed
+    waits until it is gone: stopping there would leave private intermediate files behind."""
     parent = os.environ.get("DPRUN_TMPDIR") or None
     try:
-        return tempfile.TemporaryDirectory(prefix="dprun-", dir=parent)
+        folder = tempfile.TemporaryDirectory(prefix="dprun-", dir=parent)
     except OSError as exc:
         where = f"DPRUN_TMPDIR={parent}" if parent else "the system's temporary folder"
         raise OutputError(f"cannot make a folder for intermediate files in {where}: "
                           f"{exc.strerror or type(exc).__name__}") from None
+    try:
+        yield folder.name
+    finally:
+        with _signals_deferred(deliver_after=True):
+            folder.cleanup()
 
 
 def _spark(options: dict[str, Any] | None, progress: Progress | None) -> Any:

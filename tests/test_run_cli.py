@@ -239,6 +239,33 @@ def test_an_interrupt_while_publishing_publishes_nothing(tmp_path: Path, monkeyp
     no_temporary_files(tmp_path, seed)
 
 
+def test_a_signal_while_the_scratch_folder_is_removed_stops_the_run_after_it_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that lands inside the removal of the scratch folder (all queries ran) must not
+    cut the removal short, which would leave private intermediate files behind; the run then
+    stops as for any signal before publication."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    write_csv_with_a_late_bad_value(tmp_path / "late.csv", rng, bad=None)
+    spec = two_query_spec(tmp_path, rng, "late.csv")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("DPRUN_TMPDIR", str(scratch))
+    real_rmtree = shutil.rmtree
+
+    def interrupted_rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).parent == scratch:
+            signal.raise_signal(signal.SIGTERM)
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted_rmtree)
+    result = run(spec, seed)
+    assert result.exit_code == 130, f"seed={seed}: exit {result.exit_code}: {everything(result)}"
+    assert "nothing was published" in everything(result), f"seed={seed}: {everything(result)}"
+    assert list(scratch.iterdir()) == [], f"seed={seed}: scratch files left: {list(scratch.rglob('*'))}"
+    assert not (tmp_path / "out").exists() or not files_under(tmp_path / "out"), f"seed={seed}: something published"
+
+
 def test_a_signal_after_publication_lets_the_run_finish_and_succeed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seed = fresh_seed()
