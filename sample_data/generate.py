@@ -5,7 +5,7 @@ in data pipelines" reference: one record per restaurant visit, with the visitor
 as privacy unit. It is shaped so that the DP machinery has something to do:
 
 * visits per visitor are heavy-tailed (most visit 1-3 times, a few regulars
-  visit 50-200 times), so contribution bounding matters;
+  visit almost every day), so contribution bounding matters;
 * restaurant popularity is very uneven (r01 busy ... r12 rare) and each visitor
   sticks to 1-3 favourite restaurants, so partitions differ widely in size;
 * `restaurants.csv` lists r13 and r14, which never occur in the visits: public
@@ -29,7 +29,7 @@ import polars as pl
 SEED = 20261001
 OUT_DIR = Path(__file__).resolve().parent
 
-N_VISITORS = 4_000
+N_VISITORS = 20_000
 N_RESTAURANTS = 12
 EMPTY_RESTAURANTS = ("r13", "r14")
 POPULARITY_EXPONENT = 1.6  # Zipf exponent of restaurant popularity by rank.
@@ -41,9 +41,9 @@ WEEKDAY_WEIGHTS = (0.8, 0.8, 0.9, 1.0, 1.4, 1.6, 1.1)  # Busier at weekends.
 
 # Visitor tiers: (share of visitors, min visits, max visits).
 LIGHT = (0.75, 1, 3)
-MEDIUM = (0.20, 4, 30)
-# The remaining visitors are regulars with 50-200 visits, log-uniformly.
-HEAVY_MIN, HEAVY_MAX = 50, 200
+MEDIUM = (0.20, 4, 12)
+# The remaining visitors are regulars with 13-31 visits (up to one a day), log-uniformly.
+HEAVY_MIN, HEAVY_MAX = 13, 31
 
 SPEND_SIGMA = 0.35  # Log-normal spread of a meal's price around the median.
 OUTLIER_RATE = 0.003  # Group dinners and the like: 120-400 EUR.
