@@ -214,8 +214,8 @@ def run(
     elif progress is not None:
         progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
     try:
-        tables = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress, checkpoint,
-                          reserved)
+        tables, the_plan = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress,
+                                    checkpoint, reserved)
         report, recorded = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
                                     on_published)
     except BaseException:
@@ -250,10 +250,10 @@ class _Reserved:
 
 def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: str,
              spark_options: dict[str, Any] | None, source: RandomSource, progress: Progress | None,
-             checkpoint: Callable[[], None] | None, reserved: _Reserved | None) -> dict[str, pl.DataFrame]:
-    """Every query's DP table, after the checks that come before any data is processed."""
+             checkpoint: Callable[[], None] | None, reserved: _Reserved | None) -> tuple[dict[str, pl.DataFrame], Plan]:
+    """Every query's DP table, after the checks that come before any data is processed; and the
+    plan with the `auto` bounds chosen."""
     from dprun.engines import polars_engine, spark_engine
-    from dprun.engines.polars_steps import run_failure
     from dprun.report import input_fingerprints
 
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
@@ -270,6 +270,17 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
     tables: dict[str, pl.DataFrame] = {}
     # Intermediate files hold private data: a folder only this user can read, always removed.
     with _scratch_folder() as scratch:
+        # Every `auto` bound is chosen before any query runs: a choice may change other queries'
+        # plans (their δ share, tight accounting's common noise factor).
+        for index, query in enumerate(the_plan.queries):
+            if query.bound_choice is None:
+                continue
+            if checkpoint is not None:
+                checkpoint()
+            if progress is not None:
+                progress(f"choosing the contribution bounds of query {query.name}")
+            with _query_failures(validated, query, Path(scratch)):
+                the_plan = _with_bounds_chosen(validated, the_plan, index, source, spark)
         for index, query in enumerate(the_plan.queries):
             if checkpoint is not None:
                 checkpoint()
@@ -277,29 +288,58 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
                 progress(f"running query {query.name}")
             workdir = Path(scratch) / str(index)
             workdir.mkdir()
-            try:
+            with _query_failures(validated, query, workdir):
                 info = validated.query_inputs[query.name]
                 if spark is not None:
                     tables[query.name] = spark_engine.run_query(query, info, source, spark)
                 else:
                     tables[query.name] = polars_engine.run_query(query, info, source, workdir)
-            except OSError as exc:
-                # Reading an input (removed since validation?) or writing scratch files.
-                raise run_failure(exc, workdir) from None
-            except DataError:
-                # Polars stopped at a value without saying where: find it, then say so.
-                for name in query.inputs:
-                    check_rows(validated.inputs[name], every_value=True)
-                raise
-            except pl.exceptions.PanicException:
-                raise DprunError(
-                    f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
-                    "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
-                    "Nothing was published") from None
     if reserved is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
             reserved.release.input_hashes:
         raise DataError("the input files changed while dprun ran; nothing was published or spent")
-    return tables
+    return tables, the_plan
+
+
+@contextmanager
+def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -> Iterator[None]:
+    """A query's failures as dprun errors that name no data value."""
+    from dprun.engines.polars_steps import run_failure
+
+    try:
+        yield
+    except OSError as exc:
+        # Reading an input (removed since validation?) or writing scratch files.
+        raise run_failure(exc, workdir) from None
+    except DataError:
+        # Polars stopped at a value without saying where: find it, then say so.
+        for name in query.inputs:
+            check_rows(validated.inputs[name], every_value=True)
+        raise
+    except pl.exceptions.PanicException:
+        raise DprunError(
+            f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
+            "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
+            "Nothing was published") from None
+
+
+def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, source: RandomSource,
+                        spark: Any) -> Plan:
+    """The plan with query `index`'s `auto` bounds chosen from its data (`dprun.mechanisms.bound_choice`)."""
+    from dprun.engines import polars_engine, spark_engine
+    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile
+    from dprun.planner import make_plan, relative_noise
+
+    query = the_plan.queries[index]
+    assert query.bound_choice is not None, "a query with auto bounds"
+    info = validated.query_inputs[query.name]
+    if spark is not None:
+        profile = spark_engine.contribution_profile(query, info, source, spark)
+    else:
+        profile = polars_engine.contribution_profile(query, info, source)
+    noisy = noisy_profile(profile, query.bound_choice, source)
+    chosen = choose_bounds(noisy, query.bound_choice, relative_noise(validated, the_plan, index))
+    so_far = {q.name: q.chosen_bounds for q in the_plan.queries if q.chosen_bounds is not None}
+    return make_plan(validated, {**so_far, query.name: chosen})
 
 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,

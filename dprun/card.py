@@ -112,12 +112,22 @@ def _facts(report: dict[str, Any], released: bool) -> str:
     return "".join(f'<p class="facts">{line}</p>' for line in lines)
 
 
+def _auto_bounds_text(auto: dict[str, Any] | None) -> str:
+    if auto is None:
+        return ""
+    if auto["chosen"] is None:
+        return (f" (auto: chosen from the data with ε = {_num(auto['epsilon'])} before the query runs; the "
+                "accuracy below is for the largest candidates)")
+    return f" (chosen from the data with ε = {_num(auto['epsilon'])})"
+
+
 def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFrame | None) -> str:
     partitions = explained["partitions"]
     bounds = explained["contribution_bounds"]
     parts = [f"<h2>Query {_text(query.name)}</h2>",
              (f"<p>Each privacy unit contributes to at most {bounds['max_partitions_contributed']} partition(s) "
-              f"and at most {bounds['max_contributions_per_partition']} row(s) per partition.</p>"),
+              f"and at most {bounds['max_contributions_per_partition']} row(s) per partition"
+              f"{_auto_bounds_text(explained['auto_bounds'])}.</p>"),
              f"<p>{_partitions_text(partitions, table)}</p>"]
     keep = _keep_chart(query)
     if keep is not None:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dprun.mechanisms.bound_choice import BoundChoicePlan, ChosenBounds
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.quantile_candidates import CandidatePlan
 from dprun.mechanisms.quantities import Quantity
@@ -112,6 +113,9 @@ class QueryPlan:
     joins: tuple[JoinPlan, ...] = ()  # the inputs joined to the private input, in order
     # rows each privacy unit keeps of the private input before a join of private inputs (None: all)
     input_max_rows_per_unit: int | None = None
+    # `auto` contribution bounds: how they are chosen, and once chosen, what (max_partitions / max_rows hold it)
+    bound_choice: BoundChoicePlan | None = None
+    chosen_bounds: ChosenBounds | None = None
 
     @property
     def private_input(self) -> str:

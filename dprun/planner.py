@@ -12,17 +12,22 @@ is split in two steps (docs/mechanisms.md, "Budget"):
 Under `accounting: basic` the guarantees add up ([D20 §2.1.6], Prop. 5). Under `pld` the
 planner then shrinks every noise scale by the one factor that keeps the tight
 composition (privacy loss distributions, `accounting.pld_epsilon`) within the budget.
+
+A query with `auto` contribution bounds first sets `auto_budget_share` of its ε apart for
+choosing them (`dprun.mechanisms.bound_choice`); the rest is split as above. Before the
+data is read its plan uses the largest candidates (the most noise the chosen bounds can
+give); `run` plans it again with the bounds chosen (`chosen`), at the same budget.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from dprun.errors import SpecError
-from dprun.mechanisms import accounting, selection
+from dprun.mechanisms import accounting, bound_choice, selection
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, gaussian_allowed
 from dprun.mechanisms.quantile_candidates import CandidatePlan, plan_candidates
 from dprun.mechanisms.quantities import (
@@ -44,7 +49,7 @@ from dprun.plan import (
 from dprun.quantile_choice import QuantileChoice, quantile_choices
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame, query_schema
-from dprun.spec.models import Metric, Query, Spec
+from dprun.spec.models import BOUND_LIMIT, ContributionBounds, Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
@@ -65,16 +70,22 @@ class _Weights:
     selection: float  # 0 when there is no private selection
 
 
-def make_plan(validated: ValidatedSpec) -> Plan:
+Chosen = dict[str, bound_choice.ChosenBounds]
+
+
+def make_plan(validated: ValidatedSpec, chosen: Chosen | None = None) -> Plan:
+    """The plan of a validated spec; `chosen`: the bounds chosen so far for queries with `auto` bounds, by name."""
     spec = validated.spec
     loaded = validated.loaded
+    chosen = chosen or {}
     try:
-        plans, multiplier = _plan_queries(_shares(spec, range(len(spec.queries))), spec.budget.accounting, validated)
+        shares = _shares(spec, range(len(spec.queries)))
+        plans, multiplier = _plan_queries(shares, spec.budget.accounting, validated, chosen)
         users = [i for i, plan in enumerate(plans) if _uses_delta(plan)]
         if spec.budget.delta > 0 and users and len(users) < len(plans):
             # δ that a query's plan leaves unused (public partitions, Laplace noise) goes to
             # the queries that use it, in proportion to their budget_share.
-            plans, multiplier = _plan_queries(_shares(spec, users), spec.budget.accounting, validated)
+            plans, multiplier = _plan_queries(_shares(spec, users), spec.budget.accounting, validated, chosen)
     except Unplannable as exc:
         raise SpecError(validated.loaded.problems([(exc.path, f"cannot plan this spec: {exc}")])) from None
     total_epsilon, total_delta = _total(plans, spec.budget.accounting, spec.budget.delta)
@@ -109,12 +120,21 @@ def _uses_delta(plan: QueryPlan) -> bool:
 
 
 def _plan_queries(
-    shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec
+    shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec, chosen: Chosen
 ) -> tuple[list[QueryPlan], float]:
     """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor."""
+    parts = [_auto_part(q, eps, chosen.get(q.name)) for q, eps, _ in shares]
+    shares = [(concrete, eps - (auto.epsilon if auto else 0.0), delta)
+              for (_, eps, delta), (concrete, auto) in zip(shares, parts)]
     mechanisms = [_located(i, _choose_selection, q, eps, delta, validated) for i, (q, eps, delta) in enumerate(shares)]
-    plans = [_located(i, _plan_query, q, eps, delta, mech, 1.0, validated)
-             for i, ((q, eps, delta), mech) in enumerate(zip(shares, mechanisms))]
+
+    def planned(multiplier: float) -> list[QueryPlan]:
+        plans = [_located(i, _plan_query, q, eps, delta, mech, multiplier, validated)
+                 for i, ((q, eps, delta), mech) in enumerate(zip(shares, mechanisms))]
+        return [plan if auto is None else _with_auto(plan, auto, chosen.get(plan.name))
+                for plan, (_, auto) in zip(plans, parts)]
+
+    plans = planned(1.0)
     if method != "pld":
         return plans, 1.0
     budget = validated.spec.budget
@@ -122,9 +142,88 @@ def _plan_queries(
         multiplier = _pld_multiplier(plans, budget.epsilon, budget.delta)
     except ValueError as exc:
         raise Unplannable(("budget",), str(exc)) from None
-    plans = [_located(i, _plan_query, q, eps, delta, mech, multiplier, validated)
-             for i, ((q, eps, delta), mech) in enumerate(zip(shares, mechanisms))]
-    return plans, multiplier
+    return planned(multiplier), multiplier
+
+
+def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds | None
+               ) -> tuple[Query, bound_choice.BoundChoicePlan | None]:
+    """The query with concrete contribution bounds, and how its `auto` bounds are chosen (None: none is auto).
+
+    The concrete bounds are the chosen ones, or before they are chosen the largest candidates."""
+    bounds = query.contribution_bounds
+    if not bounds.has_auto:
+        return query, None
+    l0 = bounds.max_partitions_contributed
+    rows = bounds.max_contributions_per_partition
+    share = bounds.auto_budget_share or bound_choice.DEFAULT_SHARE
+    auto = bound_choice.BoundChoicePlan(
+        epsilon=epsilon * share * SHARE_SAFETY,
+        l0=None if l0 == "auto" else l0,
+        rows=None if rows == "auto" else rows,
+        partitions=_known_partitions(query),
+        row_metrics=sum(m.kind in ("count", "sum") for m in query.metrics),
+        unit_metrics=sum(m.kind == "privacy_id_count" for m in query.metrics),
+    )
+    concrete = ContributionBounds(
+        max_partitions_contributed=chosen.l0 if chosen else auto.l0 or auto.l0_candidates[-1],
+        max_contributions_per_partition=chosen.rows if chosen else auto.rows or auto.rows_candidates[-1],
+    )
+    return query.model_copy(update={"contribution_bounds": concrete}), auto
+
+
+def _known_partitions(query: Query) -> int | None:
+    """The number of partitions when it is public before any data is read: 1 without group_by;
+    for public partitions, None here (`_with_auto` counts the keys once they are read)."""
+    return 1 if _mode(query) == "global" else None
+
+
+def _with_auto(plan: QueryPlan, auto: bound_choice.BoundChoicePlan, chosen: bound_choice.ChosenBounds | None
+               ) -> QueryPlan:
+    """A query's plan with its bound choice: its ε is the whole query's again, the choice's share included."""
+    if plan.public_keys is not None:
+        auto = replace(auto, partitions=max(plan.public_keys.height, 1))
+    if plan.selection.units_for_50pct is not None:
+        # A private selection drops smaller partitions whatever the bounds: their noise does not count.
+        auto = replace(auto, min_units=float(plan.selection.units_for_50pct))
+    return replace(plan, epsilon=plan.epsilon + auto.epsilon, bound_choice=auto, chosen_bounds=chosen)
+
+
+def relative_noise(validated: ValidatedSpec, plan: Plan, index: int) -> bound_choice.RelativeNoise:
+    """For query `index` with `auto` bounds: its metrics' noise at given (L0, L∞), each relative to
+    its value in a partition of the given rows and units, summed (what `bound_choice.choose_bounds`
+    weighs against the rows dropped); the rest of its plan as it is."""
+    query = validated.spec.queries[index]
+    planned = plan.queries[index]
+    assert planned.bound_choice is not None, "a query with auto bounds"
+    epsilon = planned.epsilon - planned.bound_choice.epsilon
+
+    def noise(l0: int, rows: int, rows_per_partition: float, units_per_partition: float) -> float:
+        bounds = ContributionBounds(max_partitions_contributed=l0, max_contributions_per_partition=rows)
+        concrete = query.model_copy(update={"contribution_bounds": bounds})
+        at = _plan_query(concrete, epsilon, planned.delta, planned.selection.mechanism, plan.noise_multiplier,
+                         validated)
+        return sum(_relative_std(at, metric, rows_per_partition, units_per_partition) for metric in at.metrics)
+
+    return noise
+
+
+# The noisy quantity whose noise a metric's error is judged by, per kind (quantiles: none).
+MAIN_QUANTITY = {"count": "rows", "privacy_id_count": "privacy_units", "sum": "sum", "mean": "centered_sum",
+                 "variance": "centered_sum", "stddev": "centered_sum"}
+
+
+def _relative_std(plan: QueryPlan, metric: MetricPlan, rows: float, units: float) -> float:
+    """A metric's noise std relative to its value in a partition of `rows` rows and `units` units;
+    a value is taken as half the bounds' magnitudes, (|lower| + |upper|) / 2."""
+    aggregate = MAIN_QUANTITY.get(metric.kind)
+    for qid in metric.quantity_ids:
+        noisy = plan.quantity(qid)
+        if noisy.quantity.aggregate == aggregate and isinstance(noisy.noise, NoisePlan):
+            size = units if aggregate == "privacy_units" else rows
+            if metric.bounds is not None and aggregate != "rows":
+                size *= max((abs(metric.bounds[0]) + abs(metric.bounds[1])) / 2, 1 / BOUND_LIMIT)
+            return noisy.noise.std / max(size, 1.0)
+    return 0.0
 
 
 def _located(index: int, step: Callable[..., T], *args: object) -> T:
@@ -151,7 +250,7 @@ MetricQuantities = list[tuple[Metric, list[Quantity]]]
 
 def _metric_quantities(query: Query, choices: dict[int, QuantileChoice]) -> MetricQuantities:
     """Each metric with its quantities; a quantile metric's follow its method in `choices`."""
-    m = query.contribution_bounds.max_contributions_per_partition
+    _, m = query.contribution_bounds.fixed()
     out = []
     for index, metric in enumerate(query.metrics):
         choice = choices.get(index)
@@ -198,8 +297,7 @@ def _plan_query(
     query: Query, epsilon: float, delta: float, mechanism: str | None, multiplier: float, validated: ValidatedSpec
 ) -> QueryPlan:
     """The plan of one query for a given private selection mechanism (None: public or global)."""
-    bounds = query.contribution_bounds
-    l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
+    l0, m = query.contribution_bounds.fixed()
     separate = mechanism in SEPARATE_SELECTIONS
     input_info = validated.query_inputs[query.name]
     mode = _mode(query)
@@ -294,7 +392,7 @@ def _choose_noise(
     For the comparison every quantity is assumed to take a δ share; the final split gives
     the Gaussian ones more δ than assumed, which only lowers their noise further.
     """
-    l0 = query.contribution_bounds.max_partitions_contributed
+    l0, _ = query.contribution_bounds.fixed()
     explicit = _noise_choices(query, metric_quantities)
     quantities = {q.id: q for _, qs in metric_quantities for q in qs}
     total = sum(weights.quantities.values()) + weights.selection
@@ -338,7 +436,7 @@ def _selection_plan(
         return SelectionPlan(mode=mode)
     partitions = query.partitions
     min_units = partitions.min_privacy_units if partitions else 1
-    l0 = query.contribution_bounds.max_partitions_contributed
+    l0, _ = query.contribution_bounds.fixed()
     threshold_on = None
     if mechanism == "released_count":
         target = _threshold_quantity(noisy)
@@ -425,6 +523,7 @@ def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[acc
     noise = [_noise_cost(q.noise) for plan in plans for q in plan.quantities if isinstance(q.noise, NoisePlan)]
     fixed = [accounting.ApproxCost(q.noise.epsilon, 0.0)
              for plan in plans for q in plan.quantities if isinstance(q.noise, CandidatePlan)]
+    fixed += [accounting.ApproxCost(plan.bound_choice.epsilon, 0.0) for plan in plans if plan.bound_choice]
     for plan in plans:
         select = plan.selection
         if select.mode != "private":
@@ -452,6 +551,7 @@ def _total(plans: list[QueryPlan], method: str, delta: float) -> tuple[float, fl
     """The plan's guarantee: basic composition, or under `pld` the tighter of the two (both are valid)."""
     parts = [(q.noise.epsilon, q.noise.delta) for plan in plans for q in plan.quantities]
     parts += [(plan.selection.epsilon, plan.selection.delta) for plan in plans if plan.selection.mode == "private"]
+    parts += [(plan.bound_choice.epsilon, 0.0) for plan in plans if plan.bound_choice]
     basic = accounting.compose_basic(parts)
     if method != "pld":
         return basic

@@ -72,8 +72,7 @@ def quantile_choices(query: Query, epsilon: float, delta: float, validated: Vali
     values for the noise, which the rank prediction leaves out and which many partitions make
     likely. A method the share cannot pay for is left out, unless the spec forces it.
     """
-    m = query.contribution_bounds.max_contributions_per_partition
-    l0 = query.contribution_bounds.max_partitions_contributed
+    l0, m = query.contribution_bounds.fixed()
     schema = query_schema(query, validated.query_inputs[query.name])
     total_share = sum(metric.budget_share for metric in query.metrics)
     few = known_partitions <= FEW_PARTITIONS
@@ -156,8 +155,7 @@ def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: i
     MAX_WHOLE_LEAVES of them (the domain then starts half a unit below the lower bound, so each
     whole number sits in the middle of its own leaf), else at least DEFAULT_LEAVES.
     """
-    bounds = query.contribution_bounds
-    l0, m = bounds.max_partitions_contributed, bounds.max_contributions_per_partition
+    l0, m = query.contribution_bounds.fixed()
     metric = metrics[0]
     assert metric.bounds is not None and metric.column is not None
     lower, upper = metric.bounds

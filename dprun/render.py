@@ -75,6 +75,21 @@ def _selection_line(query: dict[str, Any]) -> str:
     return text
 
 
+def _auto_bounds_line(query: dict[str, Any]) -> str:
+    auto = query["auto_bounds"]
+    chosen = auto["chosen"]
+    if chosen is None:
+        among = ", ".join(f"{name} among {values[0]}…{values[-1]} (powers of 2)"
+                          for name, values in auto["candidates"].items())
+        return (f"auto contribution bounds: {among}, chosen from a noisy histogram of the privacy units' "
+                f"contributions (ε={_num(auto['epsilon'])}) for the fewest dropped rows plus noise; the "
+                "accuracy above is for the largest candidates, the most noise the chosen bounds can give")
+    return (f"contribution bounds chosen from the data (ε={_num(auto['epsilon'])}): max_partitions_contributed "
+            f"{chosen['max_partitions_contributed']}, max_contributions_per_partition "
+            f"{chosen['max_contributions_per_partition']}; they drop an estimated "
+            f"{100 * chosen['dropped_share_estimate']:.1f}% of the rows")
+
+
 def metric_rows(query: dict[str, Any]) -> list[list[str]]:
     return [
         [m["name"], m["kind"], m["noise"], _num(m["epsilon"]), _num(m["delta"]), _num(m["std"]), _accuracy(m)]
@@ -96,6 +111,8 @@ def print_explanation(explanation: dict[str, Any], console: Console) -> None:
         console.print(table)
         console.print("  " + _input_line(query))
         console.print("  " + _selection_line(query))
+        if query.get("auto_bounds"):
+            console.print("  " + _auto_bounds_line(query))
         console.print()
     console.print(_total_line(explanation))
 
@@ -115,6 +132,8 @@ def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budg
     lines = [f"# {title}: {explanation['spec'] or 'dprun spec'}", ""]
     for query in explanation["queries"]:
         lines += [f"## Query `{query['name']}`", "", _input_line(query), "", _selection_line(query), ""]
+        if query.get("auto_bounds"):
+            lines += [_auto_bounds_line(query), ""]
         if "partitions_released" in query:
             lines += [f"Partitions released: **{query['partitions_released']}** → `{query['output']}`", ""]
         lines.append("| " + " | ".join(METRIC_HEADER) + " |")
@@ -135,6 +154,7 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         table.add_column(column, overflow="fold")
     for query in report["queries"]:
         eps = sum(m["epsilon"] for m in query["quantities"]) + query["partitions"]["epsilon"]
+        eps += query["auto_bounds"]["epsilon"] if query.get("auto_bounds") else 0.0
         delta = sum(m["delta"] for m in query["quantities"]) + query["partitions"]["delta"]
         table.add_row(query["name"], str(query["partitions_released"]), _num(eps), _num(delta), query["output"])
     console.print(table)
@@ -175,3 +195,4 @@ def ledger_status_lines(state: Status | None, lifetime_declared: bool) -> list[s
 def short_dataset(key: str) -> str:
     """A dataset id as tables show it: an id made of input fingerprints, cut short."""
     return key[:30] + "…" if key.startswith(FINGERPRINT_PREFIX) else key
+

@@ -56,10 +56,8 @@ def _explain_query(query: QueryPlan) -> dict[str, Any]:
         "max_rows_per_unit": query.truncation,
         "epsilon_share": query.epsilon,
         "delta_share": query.delta,
-        "contribution_bounds": {
-            "max_partitions_contributed": query.max_partitions,
-            "max_contributions_per_partition": query.max_rows,
-        },
+        "contribution_bounds": _contribution_bounds(query),
+        "auto_bounds": _auto_bounds(query),
         "partitions": {
             "mode": select.mode,
             "public_keys": None if query.public_keys is None else len(query.public_keys),
@@ -75,6 +73,40 @@ def _explain_query(query: QueryPlan) -> dict[str, Any]:
         },
         "quantities": [_explain_quantity(q) for q in query.quantities],
         "metrics": [_explain_metric(query, m) for m in query.metrics],
+    }
+
+
+def _contribution_bounds(query: QueryPlan) -> dict[str, int | str]:
+    """The bounds, `auto` for those still to be chosen from the data."""
+    choice = query.bound_choice if query.chosen_bounds is None else None
+    return {
+        "max_partitions_contributed": "auto" if choice and choice.l0 is None else query.max_partitions,
+        "max_contributions_per_partition": "auto" if choice and choice.rows is None else query.max_rows,
+    }
+
+
+def _auto_bounds(query: QueryPlan) -> dict[str, Any] | None:
+    """How the `auto` bounds are chosen (the candidates, the ε), and once chosen, the DP figures they came from."""
+    choice = query.bound_choice
+    if choice is None:
+        return None
+    candidates = {"max_partitions_contributed": list(choice.l0_candidates) if choice.l0 is None else None,
+                  "max_contributions_per_partition": list(choice.rows_candidates) if choice.rows is None else None}
+    chosen = query.chosen_bounds
+    return {
+        "epsilon": choice.epsilon,
+        "method": "contribution histogram (discrete Laplace), least dropped rows plus noise",
+        "candidates": {name: values for name, values in candidates.items() if values is not None},
+        "partitions": choice.partitions,
+        "min_partition_units": choice.min_units,
+        "chosen": None if chosen is None else {
+            "max_partitions_contributed": chosen.l0,
+            "max_contributions_per_partition": chosen.rows,
+            "units_estimate": chosen.units,
+            "partitions_estimate": chosen.partitions,
+            "typical_partition_units": chosen.typical_units,
+            "dropped_share_estimate": chosen.dropped_share,
+        },
     }
 
 

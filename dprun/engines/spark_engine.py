@@ -52,8 +52,21 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import release_steps
-from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT, truncation_key
+from dprun.engines.polars_steps import (
+    GLOBAL_KEY,
+    LEAF,
+    PAIR_ROWS,
+    PARTITION,
+    PARTITIONS,
+    PICK,
+    PICKED_KEY,
+    UNITS,
+    WEIGHT,
+    truncation_key,
+)
 from dprun.errors import DataError, DprunError, ExitCode
+from dprun.mechanisms import bound_choice
+from dprun.mechanisms.bound_choice import ContributionProfile
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
@@ -252,6 +265,37 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
             return release_steps.release_table(plan, sums, source, quantiles)
         finally:
             partials.unpersist()
+
+
+def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession
+                         ) -> ContributionProfile:
+    """The exact histograms `auto` bounds are chosen from, as `polars_engine.contribution_profile`
+    computes them: per unit, its partitions and the rows of the pair with the smallest keyed hash;
+    per partition, the units that picked it."""
+    assert plan.bound_choice is not None, "a query with auto bounds"
+    f = F()
+    keys = release_steps.partition_keys(plan)
+    units = list(plan.privacy_unit)
+    _, truncation_seed, pick_seed, _ = source.hash_seeds()
+    with _spark_errors():
+        pairs = _rows(spark, plan, info, keys, truncation_seed).groupBy(*_cols([*units, *keys])) \
+            .agg(f.count(f.lit(1)).alias(PAIR_ROWS))
+        pairs = pairs.withColumn(PICK, _keyed_hash(pick_seed, [*units, *keys])) \
+            .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys))
+        per_unit = pairs.groupBy(*_cols(units)).agg(
+            f.count(f.lit(1)).alias(PARTITIONS), f.min_by(PAIR_ROWS, PICK).alias(PAIR_ROWS),
+            f.min_by(PICKED_KEY, PICK).alias(PICKED_KEY)).persist(_storage_level())
+        try:
+            shapes = _collect(per_unit.groupBy(PARTITIONS, PAIR_ROWS).agg(f.count(f.lit(1)).alias(UNITS)),
+                              {PARTITIONS: pl.Int64, PAIR_ROWS: pl.Int64, UNITS: pl.Int64})
+            picks = per_unit.groupBy(PICKED_KEY).agg(f.count(f.lit(1)).alias(UNITS))
+            sizes = _collect(picks.groupBy(UNITS).agg(f.count(f.lit(1)).alias(PARTITIONS)),
+                             {UNITS: pl.Int64, PARTITIONS: pl.Int64})
+        finally:
+            per_unit.unpersist()
+    cells = bound_choice.histogram(shapes[PARTITIONS].to_numpy(), shapes[PAIR_ROWS].to_numpy(), plan.bound_choice,
+                                   shapes[UNITS].to_numpy())
+    return ContributionProfile(cells, bound_choice.size_histogram(sizes[UNITS].to_numpy(), sizes[PARTITIONS].to_numpy()))
 
 
 def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession) -> pl.DataFrame:

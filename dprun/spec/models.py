@@ -9,7 +9,18 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 NoiseChoice = Literal["auto", "laplace", "gaussian"]
 SelectionChoice = Literal[
@@ -167,9 +178,46 @@ class Partitions(Strict):
         return files
 
 
+Bound = Annotated[int, Field(ge=1, le=10**6)]
+_BOUND: TypeAdapter[int] = TypeAdapter(Bound)
+AUTO_BOUNDS_DESCRIPTION = "A whole number, or `auto`: chosen from the data with differential privacy."
+
+
 class ContributionBounds(Strict):
-    max_partitions_contributed: Annotated[int, Field(ge=1, le=10**6)]
-    max_contributions_per_partition: Annotated[int, Field(ge=1, le=10**6)]
+    max_partitions_contributed: Bound | Literal["auto"] = Field(description=AUTO_BOUNDS_DESCRIPTION)
+    max_contributions_per_partition: Bound | Literal["auto"] = Field(description=AUTO_BOUNDS_DESCRIPTION)
+    auto_budget_share: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] | None = Field(
+        default=None, description="The fraction of the query's ε spent choosing its `auto` bounds (default 0.1).")
+
+    @field_validator("max_partitions_contributed", "max_contributions_per_partition", mode="wrap")
+    @classmethod
+    def _whole_or_auto(cls, value: object, handler: ValidatorFunctionWrapHandler) -> int | str:
+        # One message for a wrong value, the whole number's (a union would add "or 'auto'" to each).
+        if isinstance(value, str):
+            if value == "auto":
+                return value
+            raise PydanticCustomError("bound", "must be a whole number or `auto`")
+        try:
+            return _BOUND.validate_python(value, strict=True)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise PydanticCustomError(first["type"], first["msg"]) from None
+
+    @model_validator(mode="after")
+    def _share_for_auto(self) -> ContributionBounds:
+        if self.auto_budget_share is not None and not self.has_auto:
+            raise ValueError("`auto_budget_share` is for `auto` bounds; no bound here is `auto`")
+        return self
+
+    @property
+    def has_auto(self) -> bool:
+        return "auto" in (self.max_partitions_contributed, self.max_contributions_per_partition)
+
+    def fixed(self) -> tuple[int, int]:
+        """(L0, L∞) once neither is `auto` (the planner replaces `auto` before it plans a query)."""
+        l0, rows = self.max_partitions_contributed, self.max_contributions_per_partition
+        assert isinstance(l0, int) and isinstance(rows, int), "auto bounds are replaced before planning"
+        return l0, rows
 
 
 class Metric(Strict):

@@ -34,7 +34,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip install 'dprun[spark]'")
 
 from dprun import api
-from dprun.engines import spark_engine
+from dprun.engines import polars_engine, spark_engine
 from dprun.errors import DataError, DprunError
 from dprun.mechanisms.sampling import RandomSource
 
@@ -227,6 +227,26 @@ def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spa
                  partitions={"selection": "laplace_threshold"})
     expected, actual = run_both(spec, spark)
     assert expected["q"]["city"].null_count() == 1
+    assert_identical(expected, actual)
+
+
+@pytest.mark.parametrize("public", [True, False], ids=["public", "private"])
+def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path: Path, spark: Any,
+                                                                        public: bool) -> None:
+    """Every unit's pairs have the same rows, so the pair each engine's hash picks does not change
+    the contribution histogram (the partitions' pick counts do change: their bins may differ); the
+    bounds chosen, (4, 16), and the tables released are the same."""
+    from test_auto_bounds import AUTO, write_spec  # noqa: PLC0415 - the auto bounds test's data and spec
+
+    spec = write_spec(tmp_path, AUTO, public)
+    validated = api.validate(spec)
+    plan = api.plan(validated).queries[0]
+    info = validated.query_inputs["q"]
+    on_polars = polars_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED))
+    on_spark = spark_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED), spark)
+    assert on_polars.cells.tolist() == on_spark.cells.tolist()
+    assert on_polars.sizes.sum() == on_spark.sizes.sum() == 12
+    expected, actual = run_both(spec, spark)
     assert_identical(expected, actual)
 
 

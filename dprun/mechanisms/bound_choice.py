@@ -1,0 +1,233 @@
+"""Contribution bounds chosen from the data (`auto`), with differential privacy.
+
+One mechanism, then a choice made from its output alone (post-processing):
+
+1. **Two histograms** (`noisy_profile`). Every privacy unit lands in exactly one cell of the
+   *contribution* grid: its number of partitions n (the L0 axis) and the rows r of one of its
+   (unit, partition) pairs, picked by a keyed hash of the pair, so uniformly at random (the
+   L∞ axis). The *size* histogram counts the partitions by the number of units that picked
+   them. All axes are binned on powers of two: bin j holds the values in (2^(j-1), 2^j],
+   bin 0 the value 1, and the last bin everything above the largest candidate. Adding or
+   removing one unit changes one contribution cell by 1 and moves one partition to the next
+   size bin (two size cells by 1), so the whole vector has L1 sensitivity 3: discrete
+   Laplace noise of scale 3/ε on every cell, the empty ones included, is ε-DP ([CKS20];
+   add/remove neighbours).
+2. **The choice** (`choose_bounds`), for each candidate pair (L0, L∞) on the grids
+   (powers of two), of the estimated mean relative error of the query's metrics over the
+   partitions that matter, summed over the metrics: the share of rows (for counts and
+   sums) or of units (for unit counts) the bounds drop, plus each metric's noise standard
+   deviation at those bounds over its value, averaged over those partitions (the caller's
+   `relative_noise`, given the partitions' harmonic mean size; where no size bin stands
+   out of the noise, the known partitions' mean size, pairs / partitions, or for private
+   partitions the smallest size that matters). A unit in cell (i, j)
+   stands for n_i partitions of r_j rows each (the bins' midpoints), so it loses
+   n·r − min(n, L0)·min(r, L∞) rows; picking one pair per unit at random keeps the estimate
+   unbiased for the rows of all pairs. A partition picked by k units holds about k·n̄ units,
+   n̄ the mean partitions per unit (a unit in more partitions is in more partitions' units
+   and picks each with 1/n). The partitions that matter are those with at least
+   `min_units` (a private selection's 50% threshold; 1 for public partitions): a private
+   selection drops the others whatever the bounds. Means and quantiles are taken as
+   unbiased by the bounds: only their noise counts. Cells whose noisy count is below what
+   noise alone reaches in 1 run of 20 (all cells together) count as empty: a noisy empty
+   cell at the top of the grid would otherwise stand for many dropped rows.
+
+Why histograms and a post-processed choice rather than the exponential mechanism over the
+candidates: the error score of a candidate changes by up to the largest candidate when one
+unit is added (its dropped rows), so its sensitivity is that large, while the histograms'
+is 3. The grids are fixed before any data is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dprun.mechanisms.sampling import RandomSource, discrete_laplace
+
+# Candidates for max_partitions_contributed and max_contributions_per_partition: powers of two.
+L0_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(8))  # 1 … 128
+ROWS_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(9))  # 1 … 256
+# The default fraction of a query's ε spent choosing its `auto` bounds.
+DEFAULT_SHARE = 0.1
+# Partition sizes, in units that picked a pair in them: 1 … 2^26, and above.
+SIZE_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(27))
+# Adding or removing a unit moves one contribution cell by 1 and one partition between two size bins.
+L1_SENSITIVITY = 3
+# All empty cells together reach the floor by noise alone with at most this probability.
+EMPTY_CELL_FALSE_ALARM = 0.05
+
+
+@dataclass(frozen=True)
+class BoundChoicePlan:
+    """How a query's `auto` contribution bounds are chosen: the budget, the grids, the fixed bounds.
+
+    `l0` / `rows`: the bound the spec fixes, or None where it says `auto`. `partitions`:
+    the number of partitions when it is public (public keys, or 1 without group_by), else
+    None (estimated from the data). `row_metrics` / `unit_metrics`: how many of the
+    query's metrics lose what the bounds drop, counted in rows (count, sum) or in units
+    (privacy_id_count).
+    """
+
+    epsilon: float
+    l0: int | None
+    rows: int | None
+    partitions: int | None
+    row_metrics: int
+    unit_metrics: int
+    min_units: float = 1.0  # the partitions whose error counts hold at least this many units
+    l0_candidates: tuple[int, ...] = L0_CANDIDATES
+    rows_candidates: tuple[int, ...] = ROWS_CANDIDATES
+
+    @property
+    def scale(self) -> float:
+        """The discrete Laplace scale t of every cell."""
+        return L1_SENSITIVITY / self.epsilon
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Cells of the contribution histogram: one bin per candidate plus one above the largest, per axis."""
+        return len(self.l0_candidates) + 1, len(self.rows_candidates) + 1
+
+    @property
+    def cells(self) -> int:
+        """Every noisy number: the contribution cells and the size cells."""
+        return self.shape[0] * self.shape[1] + len(SIZE_CANDIDATES) + 1
+
+    def describe(self) -> str:
+        auto = [name for name, value in (("max_partitions_contributed", self.l0),
+                                         ("max_contributions_per_partition", self.rows)) if value is None]
+        ranges = {"max_partitions_contributed": self.l0_candidates, "max_contributions_per_partition":
+                  self.rows_candidates}
+        chosen = ", ".join(f"{name} among {ranges[name][0]}…{ranges[name][-1]} (powers of 2)" for name in auto)
+        return (f"{chosen}: chosen from a noisy histogram of the units' contributions (discrete Laplace, "
+                f"ε={self.epsilon:.4g}) to minimise dropped rows plus noise")
+
+
+@dataclass(frozen=True)
+class ContributionProfile:
+    """The exact histograms (private): units per (partitions bin, rows bin); partitions per bin of the
+    number of units that picked them."""
+
+    cells: np.ndarray  # int64, shape BoundChoicePlan.shape
+    sizes: np.ndarray  # int64, len(SIZE_CANDIDATES) + 1
+
+
+@dataclass(frozen=True)
+class ChosenBounds:
+    """The bounds chosen, and the DP figures they were chosen from (safe to publish)."""
+
+    l0: int
+    rows: int
+    units: int  # noisy number of units: the sum of the cells above the empty-cell floor
+    partitions: int  # the number of partitions: public, or the noisy count of picked ones
+    typical_units: float  # the units of a typical partition that matters, where the noise was weighed
+    dropped_share: float  # estimated share of rows (units, for unit counts only) the chosen bounds drop
+
+
+def bin_index(values: np.ndarray, candidates: tuple[int, ...]) -> np.ndarray:
+    """Bin of each positive integer value: j for (2^(j-1), 2^j], the last bin above the largest candidate."""
+    values = np.asarray(values, dtype=np.int64)
+    exponent = np.ceil(np.log2(np.maximum(values, 1))).astype(np.int64)
+    # log2 of an exact power of two is exact in float64; others are never within 2^-40 of an integer.
+    return np.minimum(exponent, len(candidates))
+
+
+def histogram(partitions_per_unit: np.ndarray, rows_of_picked_pair: np.ndarray, plan: BoundChoicePlan,
+              units: np.ndarray | None = None) -> np.ndarray:
+    """The exact cell counts of units, given each unit's partitions and its picked pair's rows
+    (or, with `units`, how many units have each such pair of values)."""
+    cells = np.zeros(plan.shape, dtype=np.int64)
+    weights = np.ones(len(partitions_per_unit), dtype=np.int64) if units is None else np.asarray(units, np.int64)
+    np.add.at(cells, (bin_index(partitions_per_unit, plan.l0_candidates),
+                      bin_index(rows_of_picked_pair, plan.rows_candidates)), weights)
+    return cells
+
+
+def size_histogram(picks_per_partition: np.ndarray, partitions: np.ndarray | None = None) -> np.ndarray:
+    """The exact partition counts per bin of the number of units that picked them (or, with
+    `partitions`, how many partitions have each such number)."""
+    sizes = np.zeros(len(SIZE_CANDIDATES) + 1, dtype=np.int64)
+    weights = np.ones(len(picks_per_partition), np.int64) if partitions is None else np.asarray(partitions, np.int64)
+    np.add.at(sizes, bin_index(picks_per_partition, SIZE_CANDIDATES), weights)
+    return sizes
+
+
+def noisy_profile(profile: ContributionProfile, plan: BoundChoicePlan, source: RandomSource
+                  ) -> ContributionProfile:
+    """The ε-DP release: every cell of both histograms with discrete Laplace noise of scale 3/ε."""
+    noise = discrete_laplace(source, plan.scale, plan.cells)
+    split = profile.cells.size
+    return ContributionProfile(profile.cells + noise[:split].reshape(plan.shape), profile.sizes + noise[split:])
+
+
+def empty_cell_floor(plan: BoundChoicePlan) -> float:
+    """The noisy count below which a cell is taken as empty.
+
+    P(noise ≥ k) ≤ e^{-(k-1)/t} for discrete Laplace of scale t; over all cells, k with
+    cells · e^{-(k-1)/t} = EMPTY_CELL_FALSE_ALARM.
+    """
+    return 1.0 + plan.scale * math.log(plan.cells / EMPTY_CELL_FALSE_ALARM)
+
+
+# relative_noise(l0, rows, rows per partition, units per partition): the query's metrics' noise
+# standard deviations at those bounds, each relative to its value in a partition of that size, summed.
+RelativeNoise = Callable[[int, int, float, float], float]
+
+
+def choose_bounds(noisy: ContributionProfile, plan: BoundChoicePlan, relative_noise: RelativeNoise) -> ChosenBounds:
+    """The candidate (L0, L∞) with the smallest estimated mean relative error of the metrics over the
+    partitions that matter: shares of rows and units dropped, plus `relative_noise` at those partitions'
+    harmonic mean size. Ties go to the smaller bounds. Post-processing of the noisy histograms only.
+    """
+    floor = empty_cell_floor(plan)
+    counts = np.where(noisy.cells >= floor, noisy.cells, 0).astype(np.float64)
+    sizes = np.where(noisy.sizes >= floor, noisy.sizes, 0).astype(np.float64)
+    n = _midpoints(plan.l0_candidates)[:, None]
+    r = _midpoints(plan.rows_candidates)[None, :]
+    units = float(counts.sum())
+    pairs = float((counts * n).sum())
+    total_rows = float((counts * n * r).sum())
+    # A partition picked by k units holds about k · (pairs / units) units, and rows / pairs rows per unit.
+    partition_units = _midpoints(SIZE_CANDIDATES) * _share(pairs, units)
+    mattering = sizes * (partition_units >= plan.min_units)
+    partitions = plan.partitions if plan.partitions is not None else int(sizes.sum())
+    if mattering.sum() > 0:
+        typical_units = float(mattering.sum() / (mattering / partition_units).sum())  # the harmonic mean
+    elif plan.partitions is not None:
+        # Too few partitions for their sizes to stand out of the noise: the known partitions' mean size.
+        typical_units = max(_share(pairs, plan.partitions), plan.min_units)
+    else:
+        typical_units = plan.min_units
+    typical_rows = typical_units * max(_share(total_rows, pairs), 1.0)
+    l0_options = plan.l0_candidates if plan.l0 is None else (plan.l0,)
+    rows_options = plan.rows_candidates if plan.rows is None else (plan.rows,)
+    if plan.row_metrics == 0 and plan.rows is None:
+        rows_options = (1,)  # nothing the query releases depends on rows per partition: the least noise
+    best: tuple[float, int, int, float] | None = None
+    for l0 in l0_options:
+        for rows in rows_options:
+            dropped_rows = _share(float((counts * (n * r - np.minimum(n, l0) * np.minimum(r, rows))).sum()), total_rows)
+            dropped_units = _share(float((counts * (n - np.minimum(n, l0))).sum()), pairs)
+            error = plan.row_metrics * dropped_rows + plan.unit_metrics * dropped_units + relative_noise(
+                l0, rows, typical_rows, typical_units)
+            if best is None or error < best[0]:
+                best = (error, l0, rows, dropped_units if plan.row_metrics == 0 else dropped_rows)
+    assert best is not None
+    _, l0, rows, dropped = best
+    return ChosenBounds(l0, rows, int(units), partitions, typical_units, dropped)
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+def _midpoints(candidates: tuple[int, ...]) -> np.ndarray:
+    """A bin's typical value: 1 for bin 0, the middle of (2^(j-1), 2^j] for bin j, and twice
+    the largest candidate for the bin above it (its values are unknown; at least that many
+    rows are dropped by any candidate)."""
+    middles = [1.0] + [(2.0 ** (j - 1) + 1 + 2.0**j) / 2 for j in range(1, len(candidates))]
+    return np.array([*middles, 2.0 * candidates[-1]])
+
