@@ -17,6 +17,7 @@ The release ledger (docs/ledger.md):
     api.abandon_release(7, "ledger.db")            # a pending release whose run died stops counting
     api.scaffold("data.parquet", "spec.yaml")      # a commented spec from the file's schema
     api.verify("out/report.json")                  # the outputs are the report's release, or NotVerified
+    api.profile("spec.yaml", epsilon=0.1)          # a DP profile of the data's contribution shape (spends ε)
 
 Failures raise `dprun.errors.DprunError` subclasses, each with its `exit_code`.
 """
@@ -24,6 +25,7 @@ Failures raise `dprun.errors.DprunError` subclasses, each with its `exit_code`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -31,7 +33,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +74,7 @@ __all__ = [
     "ledger_status",
     "ledger_totals",
     "plan",
+    "profile",
     "read_ledger",
     "run",
     "scaffold",
@@ -224,6 +227,112 @@ def run(
         raise
     entry, after = recorded if recorded is not None else (None, None)
     return RunResult(the_plan, tables, report, the_plan.report_path, entry, after)
+
+
+def profile(
+    spec_path: str | Path,
+    epsilon: float,
+    *,
+    seed: int | None = None,
+    progress: Progress | None = None,
+    ledger: str | Path | None = None,
+    new_release: bool = False,
+    engine: str = "polars",
+    spark_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A DP profile of the data's contribution shape, per query: the noisy histograms `auto` bounds
+    are chosen from (`dprun.mechanisms.bound_choice`), summarised, and the bounds `auto` would choose.
+
+    Spends `epsilon` (δ = 0), split evenly over the queries. With a ledger, the spend is
+    checked and recorded like a release's (a profile of the same spec on the same data at the
+    same ε is a re-release: refused unless `new_release`); it publishes no file.
+    """
+    from dprun.engines import polars_engine, spark_engine
+    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile, profile_summary
+    from dprun.mechanisms.sampling import RandomSource
+    from dprun.planner import SHARE_SAFETY, relative_noise
+
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise DprunError(f"the profile's epsilon must be a finite number above 0, not {epsilon}")
+    if engine not in ENGINES:
+        raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
+    validated = validate(spec_path)
+    as_auto = _every_bound_auto(validated)
+    the_plan = plan(as_auto)
+    location = ledger_location.resolve(validated.loaded, ledger)
+    ledger_entries.require_ledger_for_lifetime(validated.loaded, location)
+    _require_ledger_apart(validated, location)
+    source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
+    release_id = secrets.token_hex(8)
+    book = None if location is None else open_ledger(location)
+    reserved: _Reserved | None = None
+    if book is not None:
+        release = _profile_release(validated, epsilon)
+        pending = ledger_entries.pending_entry(release, release_id, _now(), [], {"path": "(profile: standard output)"},
+                                               new_release, source.is_test_seed) | {"kind": "profile"}
+        reserved = _Reserved(book, release, book.reserve(release, pending, new_release))
+    if progress is not None:
+        progress(f"profile: spends ε={epsilon:g} (δ=0) of this data, split over {len(the_plan.queries)} "
+                 f"quer{'y' if len(the_plan.queries) == 1 else 'ies'}; reading the data")
+    share = epsilon / len(the_plan.queries) * SHARE_SAFETY
+    queries = []
+    try:
+        for name in sorted({n for q in the_plan.queries for n in q.inputs}):
+            check_rows(validated.inputs[name])
+        spark = _spark(spark_options, progress) if engine == "spark" else None
+        for index, query in enumerate(the_plan.queries):
+            assert query.bound_choice is not None, "every bound is auto"
+            choice = replace(query.bound_choice, epsilon=share)
+            query = replace(query, bound_choice=choice)
+            info = validated.query_inputs[query.name]
+            with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch)):
+                exact = (spark_engine.contribution_profile(query, info, source, spark) if spark is not None
+                         else polars_engine.contribution_profile(query, info, source))
+            noisy = noisy_profile(exact, choice, source)
+            chosen = choose_bounds(noisy, choice, relative_noise(as_auto, the_plan, index))
+            bounds = validated.spec.queries[index].contribution_bounds
+            queries.append({
+                "name": query.name, "epsilon": share, **profile_summary(noisy, choice),
+                "auto_would_choose": {"max_partitions_contributed": chosen.l0,
+                                      "max_contributions_per_partition": chosen.rows,
+                                      "dropped_share_estimate": chosen.dropped_share},
+                "spec_bounds": {"max_partitions_contributed": bounds.max_partitions_contributed,
+                                "max_contributions_per_partition": bounds.max_contributions_per_partition},
+            })
+        result: dict[str, Any] = {"spec": validated.spec.name, "epsilon": epsilon, "delta": 0.0,
+                                  "non_private_test_seed": source.is_test_seed, "queries": queries}
+        if reserved is not None:
+            with _signals_deferred():
+                reserved.published = True
+                entry, after = reserved.book.publish(reserved.release, {**reserved.entry, "published_at": _now()})
+            result["ledger"] = {"release": entry["release"], "status": after.as_dict()}
+    except BaseException:
+        if reserved is not None and not reserved.published:
+            reserved.abandon()
+        raise
+    return result
+
+
+def _every_bound_auto(validated: ValidatedSpec) -> ValidatedSpec:
+    """The spec with every query's contribution bounds `auto` (what a profile chooses them from)."""
+    from dprun.spec.models import ContributionBounds
+
+    auto = ContributionBounds(max_partitions_contributed="auto", max_contributions_per_partition="auto")
+    spec = validated.spec.model_copy(update={"queries": [q.model_copy(update={"contribution_bounds": auto})
+                                                         for q in validated.spec.queries]})
+    return replace(validated, loaded=replace(validated.loaded, spec=spec))
+
+
+def _profile_release(validated: ValidatedSpec, epsilon: float) -> ledger_entries.Release:
+    """A profile as the ledger sees it: its own key (not the spec's, whose release it must not block)."""
+    import hashlib
+
+    from dprun.report import input_fingerprints
+
+    release = ledger_entries.make_release(validated.loaded, (epsilon, 0.0), "basic",
+                                          input_fingerprints(validated.inputs))
+    key = hashlib.sha256(f"dprun profile\n{validated.loaded.sha256}\n{epsilon!r}".encode()).hexdigest()
+    return replace(release, spec_sha256=key)
 
 
 @dataclass

@@ -167,6 +167,45 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: str | N
     _step_summary(explanation_markdown(result.report, "DP release") + f"\n{ledger_line}\n\n")
 
 
+@cli.command()
+@spec_argument
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="The ε the profile spends (δ = 0), split evenly over the spec's queries.")
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
+@ledger_option
+@click.option("--new-release", is_flag=True,
+              help="Profile again although the ledger holds this profile on this data: spends ε again.")
+@click.option("--seed", type=int, default=None, help="TESTS ONLY: deterministic noise; the profile is NOT private.")
+@click.option("--engine", type=click.Choice(["polars", "spark"]), default="polars", show_default=True,
+              help="Where the histograms are computed: Polars on this machine, or Spark (docs/scale.md).")
+@click.option("--spark-master", default=None, help="Spark master URL for --engine spark  [default: local[*]]")
+@click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="Spark configuration for --engine spark; repeatable.")
+def profile(spec: Path, epsilon: float, fmt: str, ledger: str | None, new_release: bool, seed: int | None,
+            engine: str, spark_master: str | None, spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
+    """A DP profile of how the privacy units contribute, per query, and the bounds `auto` would choose.
+
+    Spends --epsilon of the data's budget (recorded in the ledger, if one is configured),
+    for users who set contribution bounds by hand (docs/spec.md, "auto bounds").
+    """
+    from dprun import api
+    from dprun.render import print_profile
+
+    console = _console()
+
+    def progress(message: str) -> None:
+        if fmt != "json":
+            console.print(message, markup=False)
+
+    found = api.profile(spec, epsilon, seed=seed, progress=progress, ledger=ledger, new_release=new_release,
+                        engine=engine, spark_options=_spark_options(engine, spark_master, spark_remote, spark_conf))
+    if fmt == "json":
+        click.echo(json.dumps(found, indent=2))
+    else:
+        print_profile(found, console)
+
+
 def _spark_options(engine: str, master: str | None, remote: str | None,
                    conf: tuple[str, ...]) -> dict[str, Any] | None:
     if engine != "spark":

@@ -196,3 +196,41 @@ def short_dataset(key: str) -> str:
     """A dataset id as tables show it: an id made of input fingerprints, cut short."""
     return key[:30] + "…" if key.startswith(FINGERPRINT_PREFIX) else key
 
+
+PROFILE_ROWS = (("partitions per unit", "partitions_per_unit"),
+                ("rows per unit and partition", "rows_per_unit_and_partition"),
+                ("units per partition", "units_per_partition"))
+
+
+def print_profile(found: dict[str, Any], console: Console) -> None:
+    """`dprun profile`'s text output: per query, the binned percentiles and the bounds auto would choose."""
+    for query in found["queries"]:
+        partitions = query["partitions_estimate"]
+        where = f"{partitions:,} partitions" if partitions else "partitions too few to count at this ε"
+        table = Table(title=f"query {query['name']}  (ε={_num(query['epsilon'])}): about {query['units_estimate']:,} "
+                      f"units in {where}", title_justify="left")
+        for column in ("", "50%", "90%", "99%"):
+            table.add_column(column, overflow="fold")
+        for label, key in PROFILE_ROWS:
+            table.add_row(label, *(_at_most(query[key][level]) for level in ("p50", "p90", "p99")))
+        console.print(table)
+        auto, spec = query["auto_would_choose"], query["spec_bounds"]
+        console.print(f"  auto would choose max_partitions_contributed {auto['max_partitions_contributed']}, "
+                      f"max_contributions_per_partition {auto['max_contributions_per_partition']} (an estimated "
+                      f"{100 * auto['dropped_share_estimate']:.1f}% of the rows dropped); the spec says "
+                      f"{spec['max_partitions_contributed']} and {spec['max_contributions_per_partition']}",
+                      markup=False)
+        console.print()
+    line = f"spent: ε={_num(found['epsilon'])}, δ=0"
+    if found.get("ledger"):
+        line += f", recorded as release {found['ledger']['release']} in the ledger"
+    console.print(line, markup=False)
+    if found["non_private_test_seed"]:
+        console.print("WARNING: made with a test seed; this profile is NOT private.", markup=False)
+
+
+def _at_most(value: float | str | None) -> str:
+    """A binned percentile: `≤ 16` (its bin's upper end), `> 128`, or `–` without data."""
+    if value is None:
+        return "–"
+    return value if isinstance(value, str) else f"≤ {_num(value)}"

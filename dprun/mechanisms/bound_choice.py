@@ -231,3 +231,44 @@ def _midpoints(candidates: tuple[int, ...]) -> np.ndarray:
     middles = [1.0] + [(2.0 ** (j - 1) + 1 + 2.0**j) / 2 for j in range(1, len(candidates))]
     return np.array([*middles, 2.0 * candidates[-1]])
 
+
+# The levels `profile_summary` states the binned distributions at.
+PROFILE_LEVELS = (0.5, 0.9, 0.99)
+
+
+def profile_summary(noisy: ContributionProfile, plan: BoundChoicePlan) -> dict[str, object]:
+    """What the noisy histograms say of the data's contribution shape (post-processing): estimated
+    units and partitions, and per distribution its 50th, 90th and 99th percentiles, each stated as
+    the upper end of its power-of-two bin (`"> C"` above the largest candidate C)."""
+    floor = empty_cell_floor(plan)
+    counts = np.where(noisy.cells >= floor, noisy.cells, 0).astype(np.float64)
+    sizes = np.where(noisy.sizes >= floor, noisy.sizes, 0).astype(np.float64)
+    n = _midpoints(plan.l0_candidates)
+    units = float(counts.sum())
+    pairs = float((counts * n[:, None]).sum())
+    per_partition = [2**i * _share(pairs, units) for i in range(len(SIZE_CANDIDATES))]
+    counted = plan.partitions if plan.partitions is not None else int(sizes.sum())
+    return {
+        "units_estimate": int(units),
+        # Public (known), or counted where their size bins stand out of the noise (None: none does).
+        "partitions_estimate": counted or None,
+        "partitions_per_unit": _binned_quantiles(counts.sum(axis=1), plan.l0_candidates),
+        # Each unit's picked pair stands for its n pairs: weigh its rows bin by n.
+        "rows_per_unit_and_partition": _binned_quantiles((counts * n[:, None]).sum(axis=0), plan.rows_candidates),
+        "units_per_partition": _binned_quantiles(sizes, tuple(round(edge, 1) for edge in per_partition)),
+    }
+
+
+def _binned_quantiles(weights: np.ndarray, edges: tuple[float, ...]) -> dict[str, float | str | None]:
+    """Per level, the upper edge of the first bin whose cumulative weight reaches it; None without weight."""
+    total = float(weights.sum())
+    cumulative = np.cumsum(weights)
+    out: dict[str, float | str | None] = {}
+    for level in PROFILE_LEVELS:
+        name = f"p{round(level * 100)}"
+        if total <= 0:
+            out[name] = None
+            continue
+        index = int(np.searchsorted(cumulative, level * total))
+        out[name] = edges[index] if index < len(edges) else f"> {edges[-1]:g}"
+    return out

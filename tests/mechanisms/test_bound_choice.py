@@ -180,3 +180,21 @@ def test_the_noise_is_discrete_laplace_of_scale_three_over_epsilon() -> None:
         # Pearson's chi-square on the bins with enough mass: p < 1e-7 fails.
         statistic = float((((observed - expected) ** 2) / expected)[keep].sum())
         assert stats.chi2.sf(statistic, keep.sum() - 1) > 1e-7, f"seed {seed}: chi2 {statistic:.1f}"
+
+
+def test_the_profile_states_each_distribution_at_its_bins_upper_ends() -> None:
+    """1,000 units with 1 partition of 1 row, 2,000 with 3 partitions of 10 rows; 100 partitions picked
+    by 30 units each (they hold about 30 · 7,000 / 3,000 = 70 units)."""
+    p = plan(partitions=None)
+    cells = histogram(np.repeat([1, 3], [1000, 2000]), np.repeat([1, 10], [1000, 2000]), p)
+    summary = bound_choice.profile_summary(profile(cells, [30] * 100), p)
+    assert summary["units_estimate"] == 3000 and summary["partitions_estimate"] == 100
+    assert summary["partitions_per_unit"] == {"p50": 4, "p90": 4, "p99": 4}
+    # By pairs: 1,000 of 1 row, 7,000 (2,000 units × 3.5) of 10 rows.
+    assert summary["rows_per_unit_and_partition"] == {"p50": 16, "p90": 16, "p99": 16}
+    pairs_per_unit = (1000 + 2000 * 3.5) / 3000
+    assert summary["units_per_partition"] == {level: round(32 * pairs_per_unit, 1) for level in ("p50", "p90", "p99")}
+    empty = bound_choice.profile_summary(empty_profile(p), p)
+    assert empty["partitions_estimate"] is None and empty["partitions_per_unit"]["p50"] is None
+    above = bound_choice.profile_summary(profile(exact_cells(p, 3000, 500, 1)), p)
+    assert above["partitions_per_unit"]["p50"] == "> 128"

@@ -1,0 +1,84 @@
+"""`dprun profile SPEC --epsilon E` through the real command line: the DP contribution profile, the
+bounds `auto` would choose, and its spend in the ledger.
+
+The data is `test_auto_bounds`': 3,000 users, each visiting 3 of 12 shops 10 times; at ε = 1 the
+histograms' noise (scale 3) is small next to the one cell and the one or two size bins they fill.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dprun_testing import everything, invoke, no_ambient_ledger
+from test_auto_bounds import write_spec
+
+from dprun import api
+
+pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
+assert no_ambient_ledger  # the fixture is used by name above
+
+HAND = {"max_partitions_contributed": 2, "max_contributions_per_partition": 5}
+
+
+def test_the_profile_shows_the_contribution_shape_and_the_bounds_auto_would_choose(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, HAND, public=False)
+    result = invoke("profile", str(spec), "--epsilon", "1", "--format", "json")
+    assert result.exit_code == 0, everything(result)
+    found = json.loads(result.stdout)
+    assert (found["epsilon"], found["delta"]) == (1.0, 0.0)
+    [query] = found["queries"]
+    assert query["partitions_per_unit"] == {"p50": 4, "p90": 4, "p99": 4}  # 3, in the bin (2, 4]
+    assert query["rows_per_unit_and_partition"] == {"p50": 16, "p90": 16, "p99": 16}  # 10, in (8, 16]
+    assert abs(query["units_estimate"] - 3000) < 60
+    # 12 private partitions of about 250 picks, 6 or so per size bin: below the noise floor (24 at ε = 1).
+    assert query["partitions_estimate"] is None
+    assert query["units_per_partition"] == {"p50": None, "p90": None, "p99": None}
+    assert query["auto_would_choose"] == {"max_partitions_contributed": 4, "max_contributions_per_partition": 16,
+                                          "dropped_share_estimate": 0.0}
+    assert query["spec_bounds"] == HAND
+    assert not (tmp_path / "out").exists(), "a profile publishes no file"
+
+    text = invoke("profile", str(spec), "--epsilon", "1")
+    assert text.exit_code == 0, everything(text)
+    assert "profile: spends ε=1 (δ=0) of this data" in text.stdout
+    assert text.stdout.index("spends ε=1") < text.stdout.index("query q")
+    assert "auto would choose max_partitions_contributed 4, max_contributions_per_partition 16" in text.stdout
+    assert "the spec says 2 and 5" in text.stdout
+    assert "partitions too few to count at this ε" in text.stdout
+
+
+def test_the_profile_is_recorded_in_the_ledger_and_does_not_block_the_release(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, HAND)
+    ledger = str(tmp_path / "ledger.db")
+    first = invoke("profile", str(spec), "--epsilon", "0.5", "--ledger", ledger, "--format", "json")
+    assert first.exit_code == 0, everything(first)
+    [entry] = api.read_ledger(ledger)
+    assert (entry["kind"], entry["state"], entry["epsilon"], entry["delta"]) == ("profile", "published", "0.5", "0")
+    assert json.loads(first.stdout)["ledger"]["status"]["spent"]["epsilon"] == "0.5"
+    again = invoke("profile", str(spec), "--epsilon", "0.5", "--ledger", ledger)
+    assert again.exit_code == 5 and "already released" in everything(again)
+    assert invoke("profile", str(spec), "--epsilon", "0.5", "--ledger", ledger, "--new-release").exit_code == 0
+    released = invoke("run", str(spec), "--ledger", ledger)
+    assert released.exit_code == 0, everything(released)
+    spent = sum(float(e["epsilon"]) for e in api.read_ledger(ledger))
+    assert spent == pytest.approx(0.5 + 0.5 + 1.0)
+
+
+def test_a_profile_past_the_lifetime_budget_is_refused_before_reading(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, HAND)
+    document = json.loads(spec.read_text())
+    document["budget"]["lifetime"] = {"epsilon": 0.3}
+    spec.write_text(json.dumps(document))
+    result = invoke("profile", str(spec), "--epsilon", "0.5", "--ledger", str(tmp_path / "ledger.db"))
+    assert result.exit_code == 4, everything(result)
+    assert "exceed the lifetime budget" in everything(result)
+    assert [e["state"] for e in api.read_ledger(str(tmp_path / "ledger.db"))] == []
+
+
+@pytest.mark.parametrize("epsilon", ["0", "-1", "nan", "x"])
+def test_a_wrong_epsilon_is_a_usage_error(tmp_path: Path, epsilon: str) -> None:
+    result = invoke("profile", str(write_spec(tmp_path, HAND)), "--epsilon", epsilon)
+    assert result.exit_code == 2, everything(result)
+    assert "--epsilon" in everything(result) or "epsilon" in everything(result)
