@@ -201,20 +201,12 @@ def run(
         raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
     validated = validate(spec_path)
     the_plan = plan(validated)
-    location = ledger_location.resolve(validated.loaded, ledger)
-    ledger_entries.require_ledger_for_lifetime(validated.loaded, location)
-    _require_ledger_apart(validated, location)
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
     release_id = secrets.token_hex(8)
-    book = None if location is None else open_ledger(location)
-    reserved: _Reserved | None = None
-    if book is not None:
-        release = _release(validated, the_plan)
-        pending = ledger_entries.pending_entry(
-            release, release_id, _now(), [{"query": q.name, "path": str(q.output_path)} for q in the_plan.queries],
-            {"path": str(the_plan.report_path)}, new_release, source.is_test_seed)
-        reserved = _Reserved(book, release, book.reserve(release, pending, new_release))
-    elif progress is not None:
+    reserved = _reserve(validated, ledger, lambda: _release(validated, the_plan), new_release, ledger_entries.Pending(
+        release_id, [{"query": q.name, "path": str(q.output_path)} for q in the_plan.queries],
+        {"path": str(the_plan.report_path)}, source.is_test_seed))
+    if reserved is None and progress is not None:
         progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
     try:
         tables, the_plan = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress,
@@ -259,18 +251,10 @@ def profile(
     validated = validate(spec_path)
     as_auto = _every_bound_auto(validated)
     the_plan = plan(as_auto)
-    location = ledger_location.resolve(validated.loaded, ledger)
-    ledger_entries.require_ledger_for_lifetime(validated.loaded, location)
-    _require_ledger_apart(validated, location)
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
-    release_id = secrets.token_hex(8)
-    book = None if location is None else open_ledger(location)
-    reserved: _Reserved | None = None
-    if book is not None:
-        release = _profile_release(validated, epsilon)
-        pending = ledger_entries.pending_entry(release, release_id, _now(), [], {"path": "(profile: standard output)"},
-                                               new_release, source.is_test_seed) | {"kind": "profile"}
-        reserved = _Reserved(book, release, book.reserve(release, pending, new_release))
+    reserved = _reserve(validated, ledger, lambda: _profile_release(validated, epsilon), new_release,
+                        ledger_entries.Pending(secrets.token_hex(8), [], {"path": "(profile: standard output)"},
+                                               source.is_test_seed, kind="profile"))
     if progress is not None:
         progress(f"profile: spends ε={epsilon:g} (δ=0) of this data, split over {len(the_plan.queries)} "
                  f"quer{'y' if len(the_plan.queries) == 1 else 'ies'}; reading the data")
@@ -333,6 +317,21 @@ def _profile_release(validated: ValidatedSpec, epsilon: float) -> ledger_entries
                                           input_fingerprints(validated.inputs))
     key = hashlib.sha256(f"dprun profile\n{validated.loaded.sha256}\n{epsilon!r}".encode()).hexdigest()
     return replace(release, spec_sha256=key)
+
+
+def _reserve(validated: ValidatedSpec, ledger: str | Path | None, release_of: Callable[[], ledger_entries.Release],
+             new_release: bool, pending: ledger_entries.Pending) -> _Reserved | None:
+    """With a ledger (`ledger`, else $DPRUN_LEDGER, else the spec's), check the release and reserve
+    its spend as pending, in one transaction, before any data row is read; None without a ledger."""
+    location = ledger_location.resolve(validated.loaded, ledger)
+    ledger_entries.require_ledger_for_lifetime(validated.loaded, location)
+    _require_ledger_apart(validated, location)
+    if location is None:
+        return None
+    book = open_ledger(location)
+    release = release_of()
+    entry = ledger_entries.pending_entry(release, pending, new_release, _now())
+    return _Reserved(book, release, book.reserve(release, entry, new_release))
 
 
 @dataclass

@@ -40,6 +40,25 @@ STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 WIDTH_WITHOUT_A_TERMINAL = 10_000
 
 
+def engine_options(what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """--engine and the Spark options of a command that reads data (`what`: where what happens)."""
+    options = [
+        click.option("--engine", type=click.Choice(["polars", "spark"]), default="polars", show_default=True,
+                     help=f"Where {what}: Polars on this machine, or Spark (docs/scale.md)."),
+        click.option("--spark-master", default=None, help="Spark master URL for --engine spark  [default: local[*]]"),
+        click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark."),
+        click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+                     help="Spark configuration for --engine spark; repeatable."),
+    ]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 def _console() -> Console:
     from rich.console import Console
 
@@ -117,12 +136,7 @@ def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
 @ledger_option
 @click.option("--new-release", is_flag=True,
               help="Release again although the ledger holds this spec on this data: spends the budget again.")
-@click.option("--engine", type=click.Choice(["polars", "spark"]), default="polars", show_default=True,
-              help="Where the plan runs: Polars on this machine, or Spark (docs/scale.md).")
-@click.option("--spark-master", default=None, help="Spark master URL for --engine spark  [default: local[*]]")
-@click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark.")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              help="Spark configuration for --engine spark; repeatable.")
+@engine_options("the plan runs")
 def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: str | None, new_release: bool,
         engine: str, spark_master: str | None, spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
     """Execute the spec and publish the DP outputs and the report (all or nothing).
@@ -176,12 +190,7 @@ def run(spec: Path, overwrite: bool, seed: int | None, fmt: str, ledger: str | N
 @click.option("--new-release", is_flag=True,
               help="Profile again although the ledger holds this profile on this data: spends ε again.")
 @click.option("--seed", type=int, default=None, help="TESTS ONLY: deterministic noise; the profile is NOT private.")
-@click.option("--engine", type=click.Choice(["polars", "spark"]), default="polars", show_default=True,
-              help="Where the histograms are computed: Polars on this machine, or Spark (docs/scale.md).")
-@click.option("--spark-master", default=None, help="Spark master URL for --engine spark  [default: local[*]]")
-@click.option("--spark-remote", default=None, help="Spark Connect URL (sc://host:15002) for --engine spark.")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              help="Spark configuration for --engine spark; repeatable.")
+@engine_options("the histograms are computed")
 def profile(spec: Path, epsilon: float, fmt: str, ledger: str | None, new_release: bool, seed: int | None,
             engine: str, spark_master: str | None, spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
     """A DP profile of how the privacy units contribute, per query, and the bounds `auto` would choose.

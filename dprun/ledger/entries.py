@@ -287,15 +287,27 @@ def _reference(entry: dict[str, Any]) -> dict[str, Any]:
             "report": entry.get("report")}
 
 
-def pending_entry(release: Release, release_id: str, time: str, outputs: list[dict[str, Any]],
-                  report: dict[str, Any], new_release: bool, test_seed: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Pending:
+    """What a run (or a profile, `kind`) reserves besides its release: its id, the outputs and
+    report it will write, not yet hashed, and whether it is made with a test seed."""
+
+    release_id: str
+    outputs: list[dict[str, Any]]
+    report: dict[str, Any]
+    test_seed: bool
+    kind: str = "release"
+
+
+def pending_entry(release: Release, pending: Pending, new_release: bool, time: str) -> dict[str, Any]:
     """The entry a run reserves before it reads data: its outputs and report named, not yet hashed.
 
     `publish` then adds each file's sha256 and the time it was published.
     """
     return {
         "ledger_version": LEDGER_VERSION,
-        "release_id": release_id,
+        "release_id": pending.release_id,
+        "kind": pending.kind,
         "state": PENDING,
         "time": time,
         "dataset": release.dataset,
@@ -307,9 +319,9 @@ def pending_entry(release: Release, release_id: str, time: str, outputs: list[di
         "epsilon": decimal_text(release.requested.epsilon),
         "delta": decimal_text(release.requested.delta),
         "accounting": release.accounting,
-        "outputs": outputs,
-        "report": report,
+        "outputs": pending.outputs,
+        "report": pending.report,
         "new_release": new_release,
-        "non_private_test_seed": test_seed,
+        "non_private_test_seed": pending.test_seed,
         "dprun_version": __version__,
     }
