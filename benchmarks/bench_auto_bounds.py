@@ -7,8 +7,11 @@ relative error of every metric on the largest partitions (by true row count): th
 on the Plume data, every non-empty partition of the sample data. A partition that is not
 released counts as an error of 100%. The auto runs spend part of the same budget on the choice.
 
-    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean] [--runs 3]
+    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean,defaults] [--runs 3]
         [--data benchmarks/data/synth_1e6.parquet]
+
+`defaults` runs the Plume count at L0 = 64, L∞ = 1 with the spec's defaults (no `accounting`, no
+`selection` written) against `accounting: basic`, and prints the keys released and the error.
 """
 
 from __future__ import annotations
@@ -141,16 +144,42 @@ def measure(data: DataSet, runs: int) -> None:
           f"ratio {mean_auto / fixed_means[best]:.2f}")
 
 
+def measure_defaults(data: DataSet, runs: int) -> None:
+    print(f"\n## defaults: Plume count, L0 = 64, L∞ = 1, {runs} runs each (median of runs)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, accounting in (("no accounting written (auto)", None), ("accounting: basic", "basic")):
+            spec = json.loads(json.dumps(data.spec))
+            if accounting is None:
+                del spec["budget"]["accounting"]
+            else:
+                spec["budget"]["accounting"] = accounting
+            spec["queries"][0]["contribution_bounds"] = {"max_partitions_contributed": 64,
+                                                         "max_contributions_per_partition": 1}
+            path = Path(tmp) / "spec.yaml"
+            path.write_text(json.dumps(spec))
+            keys, errs = [], []
+            for _ in range(runs):
+                result = api.run(path, overwrite=True)
+                keys.append(result.tables["q"].height)
+                errs.append(errors(data, result.tables["q"])["records"])
+            query = result.report["queries"][0]
+            print(f"  {label}: {result.report['accounting']}, {query['partitions']['selection']}: "
+                  f"{statistics.median(keys):,.0f} keys, {100 * statistics.median(errs):.2f}% on the 1,000 largest")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", default="sample,plume_count,plume_sum_mean")
+    parser.add_argument("--sets", default="sample,plume_count,plume_sum_mean,defaults")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data" / "synth_1e6.parquet")
     args = parser.parse_args()
     makers = {"sample": sample_set, "plume_count": lambda: plume_set(args.data, False),
               "plume_sum_mean": lambda: plume_set(args.data, True)}
     for name in args.sets.split(","):
-        measure(makers[name](), args.runs)
+        if name == "defaults":
+            measure_defaults(plume_set(args.data, False), args.runs)
+        else:
+            measure(makers[name](), args.runs)
 
 
 if __name__ == "__main__":

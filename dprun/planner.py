@@ -80,20 +80,20 @@ def make_plan(validated: ValidatedSpec, chosen: Chosen | None = None) -> Plan:
     chosen = chosen or {}
     try:
         shares = _shares(spec, range(len(spec.queries)))
-        plans, multiplier = _plan_queries(shares, spec.budget.accounting, validated, chosen)
+        plans, multiplier = _plan_queries(shares, spec.budget.method, validated, chosen)
         users = [i for i, plan in enumerate(plans) if _uses_delta(plan)]
         if spec.budget.delta > 0 and users and len(users) < len(plans):
             # δ that a query's plan leaves unused (public partitions, Laplace noise) goes to
             # the queries that use it, in proportion to their budget_share.
-            plans, multiplier = _plan_queries(_shares(spec, users), spec.budget.accounting, validated, chosen)
+            plans, multiplier = _plan_queries(_shares(spec, users), spec.budget.method, validated, chosen)
     except Unplannable as exc:
         raise SpecError(validated.loaded.problems([(exc.path, f"cannot plan this spec: {exc}")])) from None
-    total_epsilon, total_delta = _total(plans, spec.budget.accounting, spec.budget.delta)
+    total_epsilon, total_delta = _total(plans, spec.budget.method, spec.budget.delta)
     return Plan(
         spec_name=spec.name,
         spec_path=loaded.path,
         spec_sha256=loaded.sha256,
-        accounting=spec.budget.accounting,
+        accounting=spec.budget.method,
         budget_epsilon=spec.budget.epsilon,
         budget_delta=spec.budget.delta,
         total_epsilon=total_epsilon,
@@ -512,7 +512,7 @@ def _choose_selection(query: Query, epsilon: float, delta: float, validated: Val
 def _units_for_half(query: Query, epsilon: float, delta: float, mechanism: str, validated: ValidatedSpec) -> float:
     """Units for a 50% keep chance with `mechanism`, under the spec's accounting applied to this query alone."""
     plan = _plan_query(query, epsilon, delta, mechanism, 1.0, validated)
-    if validated.spec.budget.accounting == "pld":
+    if validated.spec.budget.method == "pld":
         multiplier = _pld_multiplier([plan], epsilon, delta, rough=True)
         plan = _plan_query(query, epsilon, delta, mechanism, multiplier, validated)
     return plan.selection.units_for_50pct or math.inf

@@ -78,8 +78,17 @@ class Lifetime(Strict):
 class Budget(Strict):
     epsilon: Annotated[float, Field(gt=0, allow_inf_nan=False, description="Total ε for the whole spec.")]
     delta: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, description="Total δ; 0 means pure DP.")] = 0.0
-    accounting: Literal["basic", "pld"] = "basic"
+    accounting: Literal["auto", "basic", "pld"] = Field(default="auto", description=(
+        "How the parts' guarantees compose: `basic` adds them up; `pld` composes the noise's privacy loss "
+        "distributions (tighter, so less noise); `auto`: `pld` where it applies (δ > 0, ε at most 100), else basic."))
     lifetime: Lifetime | None = Field(default=None, description="Most any dataset may spend over all releases (ledger).")
+
+    @property
+    def method(self) -> Literal["basic", "pld"]:
+        """The accounting used: `auto` is `pld` where tight composition can lower the noise, never looser."""
+        if self.accounting != "auto":
+            return self.accounting
+        return "pld" if self.delta > 0 and self.epsilon <= PLD_MAX_EPSILON else "basic"
 
     @model_validator(mode="after")
     def _pld_range(self) -> Budget:

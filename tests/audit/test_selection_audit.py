@@ -49,8 +49,10 @@ def write_spec(folder: Path, mechanism: str, *, l0: int, m: int = 1, epsilon: fl
     # the other mechanisms count units.
     metric = {"name": "rows", "kind": "count"} if mechanism == "released_count" else \
         {"name": "people", "kind": "privacy_id_count"}
+    # `basic`: the selection keeps its own planned (ε, δ), which the audits check; under `pld` its noise
+    # is scaled down with the others' and only the composed total holds.
     spec = {
-        "version": 1, "privacy_unit": "uid", "budget": {"epsilon": epsilon, "delta": delta},
+        "version": 1, "privacy_unit": "uid", "budget": {"epsilon": epsilon, "delta": delta, "accounting": "basic"},
         "inputs": {"data": {"path": data}},
         "queries": [{"name": "q", "input": "data", "group_by": ["key"],
                      "partitions": {"selection": mechanism, "min_privacy_units": 1},
