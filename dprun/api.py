@@ -271,7 +271,7 @@ def profile(
             info = validated.query_inputs[query.name]
             with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch)):
                 exact = (spark_engine.contribution_profile(query, info, source, spark) if spark is not None
-                         else polars_engine.contribution_profile(query, info, source))
+                         else polars_engine.contribution_profile(query, info, source, Path(scratch)))
             noisy = noisy_profile(exact, choice, source)
             chosen = choose_bounds(noisy, choice, relative_noise(as_auto, the_plan, index))
             bounds = validated.spec.queries[index].contribution_bounds
@@ -387,8 +387,10 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
                 checkpoint()
             if progress is not None:
                 progress(f"choosing the contribution bounds of query {query.name}")
-            with _query_failures(validated, query, Path(scratch)):
-                the_plan = _with_bounds_chosen(validated, the_plan, index, source, spark)
+            workdir = Path(scratch) / f"profile-{index}"
+            workdir.mkdir()
+            with _query_failures(validated, query, workdir):
+                the_plan = _with_bounds_chosen(validated, the_plan, index, source, spark, workdir)
         for index, query in enumerate(the_plan.queries):
             if checkpoint is not None:
                 checkpoint()
@@ -431,7 +433,7 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
 
 
 def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, source: RandomSource,
-                        spark: Any) -> Plan:
+                        spark: Any, workdir: Path) -> Plan:
     """The plan with query `index`'s `auto` bounds chosen from its data (`dprun.mechanisms.bound_choice`)."""
     from dprun.engines import polars_engine, spark_engine
     from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile
@@ -443,7 +445,7 @@ def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, so
     if spark is not None:
         profile = spark_engine.contribution_profile(query, info, source, spark)
     else:
-        profile = polars_engine.contribution_profile(query, info, source)
+        profile = polars_engine.contribution_profile(query, info, source, workdir)
     noisy = noisy_profile(profile, query.bound_choice, source)
     chosen = choose_bounds(noisy, query.bound_choice, relative_noise(validated, the_plan, index))
     so_far = {q.name: q.chosen_bounds for q in the_plan.queries if q.chosen_bounds is not None}

@@ -36,20 +36,10 @@ from pathlib import Path
 
 import polars as pl
 
-from dprun.engines import release_steps
+from dprun.engines import release_steps, sorted_bounding
 from dprun.engines.codes import codes_for
-from dprun.engines.polars_steps import (
-    GLOBAL_KEY,
-    PAIR_ROWS,
-    PARTITIONS,
-    PICK,
-    PICKED_KEY,
-    collect,
-    truncated,
-    truncation_key,
-)
+from dprun.engines.polars_steps import GLOBAL_KEY, truncated, truncation_key
 from dprun.engines.sorted_bounding import SortedBounding
-from dprun.mechanisms import bound_choice
 from dprun.mechanisms.bound_choice import ContributionProfile
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
@@ -78,27 +68,16 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: P
     return release_steps.release_table(plan, sums, source, lambda partitions: bounding.quantiles(partitions, source))
 
 
-def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource) -> ContributionProfile:
-    """The exact histograms `auto` bounds are chosen from (`bound_choice`): per unit, its number of
-    partitions and the rows of one of its (unit, partition) pairs picked by a keyed hash; per
-    partition, the units that picked it. Private: the caller adds the noise.
-
-    Two streaming group-bys: per pair, then per unit (memory: the pairs' and the units' tables)."""
-    assert plan.bound_choice is not None, "a query with auto bounds"
+def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource, workdir: Path) -> ContributionProfile:
+    """The exact histograms `auto` bounds are chosen from (`bound_choice`), on the sorted path:
+    per unit, its number of partitions and the rows of one of its (unit, partition) pairs
+    picked by a keyed hash of their values; per partition, the units that picked it. Private:
+    the caller adds the noise. `workdir`: a private folder for the shards (the caller removes it)."""
     keys = release_steps.partition_keys(plan)
-    units = list(plan.privacy_unit)
-    _, truncation_seed, pick_seed, _ = source.hash_seeds()
-    pairs = _rows(plan, info, keys, truncation_seed).group_by([*units, *keys]).agg(pl.len().alias(PAIR_ROWS))
-    pairs = pairs.with_columns(pl.struct([*units, *keys]).hash(pick_seed).alias(PICK),
-                               pl.struct(keys).hash(pick_seed).alias(PICKED_KEY))
-    per_unit = collect(pairs.group_by(units).agg(
-        pl.len().alias(PARTITIONS),
-        pl.col(PAIR_ROWS).sort_by(PICK).first(),
-        pl.col(PICKED_KEY).sort_by(PICK).first(),
-    ))
-    cells = bound_choice.histogram(per_unit[PARTITIONS].to_numpy(), per_unit[PAIR_ROWS].to_numpy(), plan.bound_choice)
-    picks = per_unit[PICKED_KEY].value_counts()["count"].to_numpy()
-    return ContributionProfile(cells, bound_choice.size_histogram(picks))
+    shard_seed, truncation_seed, pick_seed, _ = source.hash_seeds()
+    rows = _rows(plan, info, keys, truncation_seed)
+    codes = codes_for(rows, plan, keys, info, _fan_out(plan))
+    return sorted_bounding.contribution_profile(plan, rows, codes, (shard_seed, pick_seed), workdir)
 
 
 def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[int, int], workdir: Path

@@ -48,6 +48,7 @@ from dprun.engines.codes import (
 from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
+from dprun.mechanisms import bound_choice
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
@@ -199,13 +200,9 @@ class SortedBounding:
         keep_freed_memory()
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
-        keyed = codes.keys.attach(rows)
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
-        if isinstance(codes.units, RangeCodes):
-            frame = keyed.select(codes.packed(codes.units.code()), *self.value_columns, *leaves)
-        else:  # the units are coded once their shard is in memory (`_packed`)
-            frame = keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *self.value_columns]), *leaves)
-        loads = _shards(frame, codes, seed, workdir)
+        # Units not coded by range are coded once their shard is in memory (`_packed`).
+        loads = _shards(_packed_frame(rows, codes, *self.value_columns, *leaves), codes, seed, workdir)
         work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
         outputs, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
@@ -260,13 +257,7 @@ class SortedBounding:
         return files
 
     def _packed(self, shard: pl.DataFrame) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
-        """The shard with its packed codes, and how to find the values of a unit from its code."""
-        units = self.codes.units
-        if isinstance(units, RangeCodes):
-            return shard, units.values
-        shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - self.codes.key_bits, self.seed))
-        shard = shard.with_columns(self.codes.packed(pl.col(UNIT)))
-        return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
+        return _packed(shard, self.codes, self.seed)
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth (the Spark engine's `_partials` computes the same)."""
@@ -386,6 +377,76 @@ class _ShardOutput:
     @classmethod
     def named(cls, folder: Path, index: int) -> _ShardOutput:
         return cls(*(folder / f"{kind}-{index}.arrow" for kind in ("heavy", "leaves", "heavy-leaves")))
+
+
+def _packed(shard: pl.DataFrame, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+    """The shard with its packed codes, and how to find the values of a unit from its code."""
+    units = codes.units
+    if isinstance(units, RangeCodes):
+        return shard, units.values
+    shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
+    shard = shard.with_columns(codes.packed(pl.col(UNIT)))
+    return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
+
+
+def _packed_frame(rows: pl.LazyFrame, codes: Codes, *extra: str | pl.Expr) -> pl.LazyFrame:
+    """The rows as they go to the shards: packed codes (or the unit columns and the key code,
+    packed per shard), then `extra` columns."""
+    keyed = codes.keys.attach(rows)
+    if isinstance(codes.units, RangeCodes):
+        return keyed.select(codes.packed(codes.units.code()), *extra)
+    return keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *(c for c in extra if isinstance(c, str))]),
+                        *(c for c in extra if not isinstance(c, str)))
+
+
+@dataclass
+class _Profile:
+    """A worker's share of the contribution histogram and of the picks per key code."""
+
+    cells: np.ndarray
+    picks: np.ndarray
+
+    def merge(self, other: _Profile) -> None:
+        self.cells += other.cells
+        self.picks += other.picks
+
+
+def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seeds: tuple[int, int], workdir: Path
+                         ) -> bound_choice.ContributionProfile:
+    """The exact histograms `auto` bounds are chosen from, shard by shard of units (memory: the
+    shards being sorted, and one count per key code).
+
+    Per unit, its partitions and the rows of the pair with the smallest keyed hash of its unit's
+    and partition's values (`seeds`: the sharding key, then the picking key); per partition,
+    the units that picked it. Codes only say which rows belong together: which pair a unit
+    picks depends on its own values."""
+    choice = plan.bound_choice
+    assert choice is not None, "a query with auto bounds"
+    shard_seed, pick_seed = seeds
+    loads = _shards(_packed_frame(rows, codes), codes, shard_seed, workdir)
+
+    def new_profile() -> _Profile:
+        return _Profile(np.zeros(choice.shape, dtype=np.int64), np.zeros(codes.keys.count, dtype=np.int64))
+
+    def profile_shard(load: Callable[[], pl.DataFrame], found: _Profile) -> None:
+        shard, unit_values = _packed(load(), codes, shard_seed)
+        pairs = _pair_sums(shard.select(PACKED))
+        del shard
+        unit_code = pairs[PACKED] >> codes.key_bits
+        key_code = pairs[PACKED] & ((1 << codes.key_bits) - 1)
+        values = pl.concat([unit_values(unit_code), codes.keys.values(key_code)], how="horizontal")
+        hashes = values.select(pl.struct(values.columns).hash(pick_seed))[:, 0].to_numpy()
+        starts, lengths = _runs(unit_code)
+        # Sorted by unit, then hash: each unit's first pair is the one it picks.
+        order = np.lexsort((hashes, np.repeat(np.arange(starts.size), lengths)))
+        picked = order[starts]
+        found.cells += bound_choice.histogram(lengths, pairs[ROWS][picked], choice)
+        found.picks += np.bincount(key_code[picked], minlength=codes.keys.count)
+
+    _, (total, *others) = _in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
+    for other in others:
+        total.merge(other)
+    return bound_choice.ContributionProfile(total.cells, bound_choice.size_histogram(total.picks[total.picks > 0]))
 
 
 def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:

@@ -68,8 +68,10 @@ def profiles(tmp_path: Path, partitions: dict[str, object] | None, seed: int
     base = background(rng)
     plan, without = write(tmp_path / "without", base, partitions)
     _, with_heavy = write(tmp_path / "with", pl.concat([base, heavy_unit()]), partitions)
-    before = polars_engine.contribution_profile(plan, without.query_inputs["q"], RandomSource.from_seed(seed))
-    after = polars_engine.contribution_profile(plan, with_heavy.query_inputs["q"], RandomSource.from_seed(seed))
+    before = polars_engine.contribution_profile(plan, without.query_inputs["q"], RandomSource.from_seed(seed),
+                                                tmp_path / "without")
+    after = polars_engine.contribution_profile(plan, with_heavy.query_inputs["q"], RandomSource.from_seed(seed),
+                                               tmp_path / "with")
     return plan, before, after
 
 

@@ -242,7 +242,7 @@ def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
     info = validated.query_inputs["q"]
-    on_polars = polars_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED))
+    on_polars = polars_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED), tmp_path)
     on_spark = spark_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED), spark)
     assert on_polars.cells.tolist() == on_spark.cells.tolist()
     assert on_polars.sizes.sum() == on_spark.sizes.sum() == 12
