@@ -230,15 +230,13 @@ def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spa
     assert_identical(expected, actual)
 
 
-@pytest.mark.parametrize("public", [True, False], ids=["public", "private"])
-def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path: Path, spark: Any,
-                                                                        public: bool) -> None:
+def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path: Path, spark: Any) -> None:
     """Every unit's pairs have the same rows, so the pair each engine's hash picks does not change
     the contribution histogram (the partitions' pick counts do change: their bins may differ); the
     bounds chosen, (4, 16), and the tables released are the same."""
     from test_auto_bounds import AUTO, write_spec  # noqa: PLC0415 - the auto bounds test's data and spec
 
-    spec = write_spec(tmp_path, AUTO, public)
+    spec = write_spec(tmp_path, AUTO, public=False)
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
     info = validated.query_inputs["q"]
