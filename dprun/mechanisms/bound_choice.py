@@ -96,15 +96,6 @@ class BoundChoicePlan:
         """Every noisy number: the contribution cells and the size cells."""
         return self.shape[0] * self.shape[1] + len(SIZE_CANDIDATES) + 1
 
-    def describe(self) -> str:
-        auto = [name for name, value in (("max_partitions_contributed", self.l0),
-                                         ("max_contributions_per_partition", self.rows)) if value is None]
-        ranges = {"max_partitions_contributed": self.l0_candidates, "max_contributions_per_partition":
-                  self.rows_candidates}
-        chosen = ", ".join(f"{name} among {ranges[name][0]}…{ranges[name][-1]} (powers of 2)" for name in auto)
-        return (f"{chosen}: chosen from a noisy histogram of the units' contributions (discrete Laplace, "
-                f"ε={self.epsilon:.4g}) to minimise dropped rows plus noise")
-
 
 @dataclass(frozen=True)
 class ContributionProfile:
@@ -129,10 +120,10 @@ class ChosenBounds:
 
 def bin_index(values: np.ndarray, candidates: tuple[int, ...]) -> np.ndarray:
     """Bin of each positive integer value: j for (2^(j-1), 2^j], the last bin above the largest candidate."""
-    values = np.asarray(values, dtype=np.int64)
-    exponent = np.ceil(np.log2(np.maximum(values, 1))).astype(np.int64)
-    # log2 of an exact power of two is exact in float64; others are never within 2^-40 of an integer.
-    return np.minimum(exponent, len(candidates))
+    below = np.maximum(np.asarray(values, dtype=np.int64), 1) - 1
+    # The bit length of v - 1, exactly (frexp's exponent of an integer below 2^53 is its bit length).
+    _, exponent = np.frexp(below.astype(np.float64))
+    return np.minimum(exponent.astype(np.int64), len(candidates))
 
 
 def histogram(partitions_per_unit: np.ndarray, rows_of_picked_pair: np.ndarray, plan: BoundChoicePlan,
