@@ -28,7 +28,7 @@ One mechanism, then a choice made from its output alone (post-processing):
    `min_units` (a private selection's 50% threshold; 1 for public partitions): a private
    selection drops the others whatever the bounds. Means and quantiles are taken as
    unbiased by the bounds: only their noise counts. Cells whose noisy count is below what
-   noise alone reaches in 1 run of 20 (all cells together) count as empty: a noisy empty
+   noise alone reaches in one run of 10^6 (all cells together) count as empty: a noisy empty
    cell at the top of the grid would otherwise stand for many dropped rows.
 
 Why histograms and a post-processed choice rather than the exponential mechanism over the
@@ -56,8 +56,9 @@ DEFAULT_SHARE = 0.1
 SIZE_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(27))
 # Adding or removing a unit moves one contribution cell by 1 and one partition between two size bins.
 L1_SENSITIVITY = 3
-# All empty cells together reach the floor by noise alone with at most this probability.
-EMPTY_CELL_FALSE_ALARM = 0.05
+# All empty cells together reach the floor by noise alone with at most this probability: a
+# phantom cell of units with more partitions or rows than any real one would move the choice.
+EMPTY_CELL_FALSE_ALARM = 1e-6
 
 
 @dataclass(frozen=True)
