@@ -54,6 +54,7 @@ from dprun.spec.strict_rows import check_rows
 from dprun.verify import Verified, sha256_of, verify_release
 
 if TYPE_CHECKING:
+    from dprun.mechanisms.bound_choice import ChosenBounds, ContributionProfile
     from dprun.mechanisms.sampling import RandomSource
     from dprun.plan import Plan, QueryPlan
 
@@ -239,10 +240,9 @@ def profile(
     checked and recorded like a release's (a profile of the same spec on the same data at the
     same ε is a re-release: refused unless `new_release`); it publishes no file.
     """
-    from dprun.engines import polars_engine, spark_engine
-    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile, profile_summary
+    from dprun.mechanisms.bound_choice import profile_summary
     from dprun.mechanisms.sampling import RandomSource
-    from dprun.planner import SHARE_SAFETY, relative_noise
+    from dprun.planner import SHARE_SAFETY
 
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise DprunError(f"the profile's epsilon must be a finite number above 0, not {epsilon}")
@@ -268,12 +268,8 @@ def profile(
             assert query.bound_choice is not None, "every bound is auto"
             choice = replace(query.bound_choice, epsilon=share)
             query = replace(query, bound_choice=choice)
-            info = validated.query_inputs[query.name]
             with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch)):
-                exact = (spark_engine.contribution_profile(query, info, source, spark) if spark is not None
-                         else polars_engine.contribution_profile(query, info, source, Path(scratch)))
-            noisy = noisy_profile(exact, choice, source)
-            chosen = choose_bounds(noisy, choice, relative_noise(as_auto, the_plan, index))
+                noisy, chosen = _bounds_from_data(as_auto, the_plan, query, index, source, spark, Path(scratch))
             bounds = validated.spec.queries[index].contribution_bounds
             queries.append({
                 "name": query.name, "epsilon": share, **profile_summary(noisy, choice),
@@ -435,21 +431,30 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
 def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, source: RandomSource,
                         spark: Any, workdir: Path) -> Plan:
     """The plan with query `index`'s `auto` bounds chosen from its data (`dprun.mechanisms.bound_choice`)."""
-    from dprun.engines import polars_engine, spark_engine
-    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile
-    from dprun.planner import make_plan, relative_noise
+    from dprun.planner import make_plan
 
     query = the_plan.queries[index]
+    _, chosen = _bounds_from_data(validated, the_plan, query, index, source, spark, workdir)
+    so_far = {q.name: q.chosen_bounds for q in the_plan.queries if q.chosen_bounds is not None}
+    return make_plan(validated, {**so_far, query.name: chosen})
+
+
+def _bounds_from_data(validated: ValidatedSpec, the_plan: Plan, query: QueryPlan, index: int, source: RandomSource,
+                      spark: Any, workdir: Path) -> tuple[ContributionProfile, ChosenBounds]:
+    """The noisy histograms of query `index` (planned as `query`, with its `bound_choice`), on the
+    engine given, and the bounds chosen from them."""
+    from dprun.engines import polars_engine, spark_engine
+    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile
+    from dprun.planner import relative_noise
+
     assert query.bound_choice is not None, "a query with auto bounds"
     info = validated.query_inputs[query.name]
     if spark is not None:
-        profile = spark_engine.contribution_profile(query, info, source, spark)
+        exact = spark_engine.contribution_profile(query, info, source, spark)
     else:
-        profile = polars_engine.contribution_profile(query, info, source, workdir)
-    noisy = noisy_profile(profile, query.bound_choice, source)
-    chosen = choose_bounds(noisy, query.bound_choice, relative_noise(validated, the_plan, index))
-    so_far = {q.name: q.chosen_bounds for q in the_plan.queries if q.chosen_bounds is not None}
-    return make_plan(validated, {**so_far, query.name: chosen})
+        exact = polars_engine.contribution_profile(query, info, source, workdir)
+    noisy = noisy_profile(exact, query.bound_choice, source)
+    return noisy, choose_bounds(noisy, query.bound_choice, relative_noise(validated, the_plan, index))
 
 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,
