@@ -20,12 +20,6 @@ UNITS = "__dprun_units__"
 LEAF = "__dprun_leaf__"
 WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
-# The contribution profile of `auto` bounds: per pair its rows and keyed hash; per unit its
-# partitions and the key hash of its picked pair.
-PAIR_ROWS = "__dprun_pair_rows__"
-PICK = "__dprun_pick__"
-PICKED_KEY = "__dprun_picked_key__"
-PARTITIONS = "__dprun_partitions__"
 STREAMING: Final = "streaming"
 TRUNCATION_KEY = 0x9E3779B97F4A7C15  # odd: `truncation_key` differs for every input position
 

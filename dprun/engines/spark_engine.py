@@ -52,18 +52,7 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import release_steps
-from dprun.engines.polars_steps import (
-    GLOBAL_KEY,
-    LEAF,
-    PAIR_ROWS,
-    PARTITION,
-    PARTITIONS,
-    PICK,
-    PICKED_KEY,
-    UNITS,
-    WEIGHT,
-    truncation_key,
-)
+from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT, truncation_key
 from dprun.errors import DataError, DprunError, ExitCode
 from dprun.mechanisms import bound_choice
 from dprun.mechanisms.bound_choice import ContributionProfile
@@ -100,6 +89,12 @@ RANK = "__dprun_rank__"
 COUNT = "__dprun_count__"
 PRESENT = "__dprun_present__"
 RIGHT = "__dprun_right_{}__"
+# The contribution profile of `auto` bounds: per pair its rows and keyed hash; per unit its
+# partitions and the key hash of its picked pair (the Polars engine profiles on the sorted path).
+PAIR_ROWS = "__dprun_pair_rows__"
+PICK = "__dprun_pick__"
+PICKED_KEY = "__dprun_picked_key__"
+PARTITIONS = "__dprun_partitions__"
 EXACT = "decimal(38,0)"  # exact integers up to about 2**126 (the Polars engine uses Int128)
 
 
