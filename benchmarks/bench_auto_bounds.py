@@ -7,8 +7,12 @@ relative error of every metric on the largest partitions (by true row count): th
 on the Plume data, every non-empty partition of the sample data. A partition that is not
 released counts as an error of 100%. The auto runs spend part of the same budget on the choice.
 
-    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean,defaults] [--runs 3]
+    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean,sample_values,plume_values,defaults]
         [--data benchmarks/data/synth_1e6.parquet]
+
+`sample_values` and `plume_values` fix the contribution bounds (the sample spec's; the best fixed
+choice on Plume, L0 = 64, L∞ = 1) and set the value bounds of every sum and mean to `auto`, then
+to [0, u] for u on a log grid (powers of two from 4).
 
 `defaults` runs the Plume count at L0 = 64, L∞ = 1 with the spec's defaults (no `accounting`, no
 `selection` written) against `accounting: basic`, and prints the keys released and the error.
@@ -21,7 +25,7 @@ import json
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +46,28 @@ class DataSet:
     rows_grid: tuple[int, ...]
 
 
-def sample_set() -> DataSet:
+# The contribution bounds the value-bound sets fix: the sample spec's, and the best fixed choice on Plume.
+SAMPLE_BOUNDS = {"max_partitions_contributed": 3, "max_contributions_per_partition": 16}
+PLUME_BOUNDS = {"max_partitions_contributed": 64, "max_contributions_per_partition": 1}
+
+
+def sample_set(with_sum: bool = False) -> DataSet:
     visits = pl.read_csv(ROOT / "sample_data" / "visits.csv").filter(pl.col("spend_eur") >= 0)
-    truth = visits.group_by("restaurant_id").agg(pl.len().alias("visits"),
-                                                 pl.col("spend_eur").mean().alias("avg_spend"))
+    aggregates = [pl.len().alias("visits"), pl.col("spend_eur").mean().alias("avg_spend")]
+    metrics: list[dict[str, Any]] = [
+        {"name": "visits", "kind": "count"},
+        {"name": "avg_spend", "kind": "mean", "column": "spend_eur", "bounds": [0, 60]}]
+    if with_sum:
+        aggregates.append(pl.col("spend_eur").sum().alias("spend"))
+        metrics.append({"name": "spend", "kind": "sum", "column": "spend_eur", "bounds": [0, 60]})
+    truth = visits.group_by("restaurant_id").agg(aggregates)
     spec = {
         "version": 1, "privacy_unit": "visitor_id", "budget": {"epsilon": 1.0, "delta": 1e-6},
         "inputs": {"visits": {"path": str(ROOT / "sample_data" / "visits.csv")}},
         "queries": [{
             "name": "q", "input": "visits", "filter": "spend_eur >= 0", "group_by": ["restaurant_id"],
             "partitions": {"public_file": str(ROOT / "sample_data" / "restaurants.csv")},
-            "metrics": [{"name": "visits", "kind": "count"},
-                        {"name": "avg_spend", "kind": "mean", "column": "spend_eur", "bounds": [0, 60]}],
+            "metrics": metrics,
             "output": {"path": "out/q.parquet"},
         }],
         "report": "out/report.json",
@@ -96,49 +110,75 @@ def errors(data: DataSet, released: pl.DataFrame) -> dict[str, float]:
     return out
 
 
-def run_once(data: DataSet, bounds: dict[str, Any], folder: Path) -> tuple[dict[str, float], dict[str, Any]]:
+# A choice: its label, the contribution bounds, and the bounds of every metric with values (None: the spec's).
+Choice = tuple[str, dict[str, Any], Any]
+
+
+def run_once(data: DataSet, choice: Choice, folder: Path) -> tuple[dict[str, float], dict[str, Any]]:
+    _, bounds, values = choice
     spec = json.loads(json.dumps(data.spec))
-    spec["queries"][0]["contribution_bounds"] = bounds
+    query = spec["queries"][0]
+    query["contribution_bounds"] = bounds
+    if values is not None:
+        for metric in query["metrics"]:
+            if "bounds" in metric:
+                metric["bounds"] = values
     path = folder / "spec.yaml"
     path.write_text(json.dumps(spec))
     result = api.run(path, overwrite=True)
     return errors(data, result.tables["q"]), result.report["queries"][0]
 
 
-def measure(data: DataSet, runs: int) -> None:
+def contribution_choices(data: DataSet) -> list[Choice]:
+    """`auto` contribution bounds, then every (L0, L∞) of the data set's grid; value bounds as the spec says."""
+    auto: Choice = ("L0=auto L∞=auto", {"max_partitions_contributed": "auto", "max_contributions_per_partition": "auto"},
+                    None)
+    return [auto, *((f"L0={l0:>4} L∞={m:>4}", {"max_partitions_contributed": l0, "max_contributions_per_partition": m},
+                     None) for l0 in data.l0_grid for m in data.rows_grid)]
+
+
+def value_choices(data: DataSet, bounds: dict[str, int], uppers: tuple[float, ...]) -> list[Choice]:
+    """`bounds: auto` on every metric with values, then [0, u] for every u of a log grid; contribution bounds fixed."""
+    return [("values auto", bounds, "auto"), *((f"values [0, {u:g}]", bounds, [0, u]) for u in uppers)]
+
+
+def chosen_bounds(report: dict[str, Any]) -> Any:
+    """What auto chose: (L0, L∞) and each metric's value bounds."""
+    found = report["auto_bounds"]["chosen"]
+    values = {metric: tuple(v["bounds"]) for metric, v in found["value_bounds"].items()}
+    return (found["max_partitions_contributed"], found["max_contributions_per_partition"], *values.values())
+
+
+def measure(data: DataSet, runs: int, choices: list[Choice]) -> None:
     print(f"\n## {data.name}: mean relative error on the "
           f"{'1,000 largest' if data.top else 'non-empty'} partitions, {runs} runs each (median of runs)")
-    results: dict[tuple[Any, Any], dict[str, float]] = {}
-    chosen: list[tuple[int, int]] = []
+    results: dict[str, dict[str, float]] = {}
+    chosen: list[Any] = []
+    auto_label = choices[0][0]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        choices: list[tuple[Any, Any]] = [("auto", "auto")]
-        choices += [(l0, m) for l0 in data.l0_grid for m in data.rows_grid]
-        for l0, m in choices:
+        for choice in choices:
             per_run: dict[str, list[float]] = {}
             started = time.perf_counter()
             for _ in range(runs):
-                errs, report = run_once(data, {"max_partitions_contributed": l0,
-                                               "max_contributions_per_partition": m}, folder)
+                errs, report = run_once(data, choice, folder)
                 for metric, value in errs.items():
                     per_run.setdefault(metric, []).append(value)
-                if l0 == "auto":
-                    bounds = report["contribution_bounds"]
-                    chosen.append((bounds["max_partitions_contributed"], bounds["max_contributions_per_partition"]))
-            results[(l0, m)] = {metric: statistics.median(values) for metric, values in per_run.items()}
-            print(f"  L0={l0!s:>4} L∞={m!s:>4}: " + ", ".join(f"{k} {100 * v:6.2f}%" for k, v in
-                                                          results[(l0, m)].items())
+                if choice[0] == auto_label:
+                    chosen.append(chosen_bounds(report))
+            results[choice[0]] = {metric: statistics.median(values) for metric, values in per_run.items()}
+            print(f"  {choice[0]}: " + ", ".join(f"{k} {100 * v:6.2f}%" for k, v in results[choice[0]].items())
                   + f"  ({time.perf_counter() - started:.1f} s)", flush=True)
-    metrics = list(results[("auto", "auto")])
-    print(f"  auto chose (L0, L∞): {chosen}")
+    metrics = list(results[auto_label])
+    print(f"  auto chose: {chosen}")
     for metric in metrics:
-        fixed = {k: v[metric] for k, v in results.items() if k != ("auto", "auto")}
+        fixed = {k: v[metric] for k, v in results.items() if k != auto_label}
         best = min(fixed, key=lambda k: fixed[k])
-        auto = results[("auto", "auto")][metric]
+        auto = results[auto_label][metric]
         print(f"  {metric}: auto {100 * auto:.2f}% vs best fixed {best} {100 * fixed[best]:.2f}%: "
               f"ratio {auto / fixed[best]:.2f}")
-    mean_auto = statistics.mean(results[("auto", "auto")].values())
-    fixed_means = {k: statistics.mean(v.values()) for k, v in results.items() if k != ("auto", "auto")}
+    mean_auto = statistics.mean(results[auto_label].values())
+    fixed_means = {k: statistics.mean(v.values()) for k, v in results.items() if k != auto_label}
     best = min(fixed_means, key=lambda k: fixed_means[k])
     print(f"  all metrics (mean): auto {100 * mean_auto:.2f}% vs best fixed {best} {100 * fixed_means[best]:.2f}%: "
           f"ratio {mean_auto / fixed_means[best]:.2f}")
@@ -175,11 +215,19 @@ def main() -> None:
     args = parser.parse_args()
     makers = {"sample": sample_set, "plume_count": lambda: plume_set(args.data, False),
               "plume_sum_mean": lambda: plume_set(args.data, True)}
+    log_grid = tuple(2.0**k for k in range(2, 13))
     for name in args.sets.split(","):
         if name == "defaults":
             measure_defaults(plume_set(args.data, False), args.runs)
+        elif name == "sample_values":
+            data = sample_set(with_sum=True)
+            measure(replace(data, name=name), args.runs, value_choices(data, SAMPLE_BOUNDS, log_grid[:8]))
+        elif name == "plume_values":
+            data = plume_set(args.data, True)
+            measure(replace(data, name=name), args.runs, value_choices(data, PLUME_BOUNDS, log_grid))
         else:
-            measure(makers[name](), args.runs)
+            data = makers[name]()
+            measure(data, args.runs, contribution_choices(data))
 
 
 if __name__ == "__main__":

@@ -271,13 +271,17 @@ def profile(
             with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch)):
                 noisy, chosen = _bounds_from_data(as_auto, the_plan, query, index, source, spark, Path(scratch))
             bounds = validated.spec.queries[index].contribution_bounds
+            metrics = validated.spec.queries[index].metrics
             queries.append({
                 "name": query.name, "epsilon": share, **profile_summary(noisy, choice),
                 "auto_would_choose": {"max_partitions_contributed": chosen.l0,
                                       "max_contributions_per_partition": chosen.rows,
-                                      "dropped_share_estimate": chosen.dropped_share},
+                                      "dropped_share_estimate": chosen.dropped_share,
+                                      "value_bounds": {v.metric: [v.lower, v.upper] for v in chosen.values}},
                 "spec_bounds": {"max_partitions_contributed": bounds.max_partitions_contributed,
-                                "max_contributions_per_partition": bounds.max_contributions_per_partition},
+                                "max_contributions_per_partition": bounds.max_contributions_per_partition,
+                                "value_bounds": {m.name: list(m.bounds) if isinstance(m.bounds, tuple) else m.bounds
+                                                 for m in metrics if m.bounds is not None}},
             })
         result: dict[str, Any] = {"spec": validated.spec.name, "epsilon": epsilon, "delta": 0.0,
                                   "non_private_test_seed": source.is_test_seed, "queries": queries}
@@ -294,12 +298,14 @@ def profile(
 
 
 def _every_bound_auto(validated: ValidatedSpec) -> ValidatedSpec:
-    """The spec with every query's contribution bounds `auto` (what a profile chooses them from)."""
+    """The spec with every query's contribution and value bounds `auto` (what a profile chooses them from)."""
     from dprun.spec.models import ContributionBounds
 
     auto = ContributionBounds(max_partitions_contributed="auto", max_contributions_per_partition="auto")
-    spec = validated.spec.model_copy(update={"queries": [q.model_copy(update={"contribution_bounds": auto})
-                                                         for q in validated.spec.queries]})
+    spec = validated.spec.model_copy(update={"queries": [q.model_copy(update={
+        "contribution_bounds": auto,
+        "metrics": [m.model_copy(update={"bounds": "auto"}) if m.bounds is not None else m for m in q.metrics],
+    }) for q in validated.spec.queries]})
     return replace(validated, loaded=replace(validated.loaded, spec=spec))
 
 
@@ -444,8 +450,12 @@ def _bounds_from_data(validated: ValidatedSpec, the_plan: Plan, query: QueryPlan
     """The noisy histograms of query `index` (planned as `query`, with its `bound_choice`), on the
     engine given, and the bounds chosen from them."""
     from dprun.engines import polars_engine, spark_engine
-    from dprun.mechanisms.bound_choice import choose_bounds, noisy_profile
-    from dprun.planner import relative_noise
+    from dprun.mechanisms.bound_choice import (
+        choose_bounds,
+        choose_value_bounds,
+        noisy_profile,
+    )
+    from dprun.planner import relative_noise, value_noise
 
     assert query.bound_choice is not None, "a query with auto bounds"
     info = validated.query_inputs[query.name]
@@ -453,8 +463,13 @@ def _bounds_from_data(validated: ValidatedSpec, the_plan: Plan, query: QueryPlan
         exact = spark_engine.contribution_profile(query, info, source, spark)
     else:
         exact = polars_engine.contribution_profile(query, info, source, workdir)
-    noisy = noisy_profile(exact, query.bound_choice, source)
-    return noisy, choose_bounds(noisy, query.bound_choice, relative_noise(validated, the_plan, index))
+    choice = query.bound_choice
+    noisy = noisy_profile(exact, choice, source)
+    chosen = choose_bounds(noisy, choice, relative_noise(validated, the_plan, index))
+    if not choice.values:
+        return noisy, chosen
+    noise = value_noise(validated, the_plan, index, chosen.l0, chosen.rows)
+    return noisy, replace(chosen, values=choose_value_bounds(noisy, choice, chosen.typical_rows, noise))
 
 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,

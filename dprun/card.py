@@ -113,12 +113,24 @@ def _facts(report: dict[str, Any], released: bool) -> str:
 
 
 def _auto_bounds_text(auto: dict[str, Any] | None) -> str:
+    """What the contribution bounds' sentence adds when some bound is `auto`, and one sentence on value bounds."""
     if auto is None:
         return ""
-    if auto["chosen"] is None:
-        return (f" (auto: chosen from the data with ε = {_num(auto['epsilon'])} before the query runs; the "
-                "accuracy below is for the largest candidates)")
-    return f" (chosen from the data with ε = {_num(auto['epsilon'])})"
+    text = ""
+    if auto["candidates"] and auto["chosen"] is None:
+        text += (f" (auto: chosen from the data with ε = {_num(auto['epsilon'])} before the query runs; the "
+                 "accuracy below is for the largest candidates)")
+    elif auto["candidates"]:
+        text += f" (chosen from the data with ε = {_num(auto['epsilon'])})"
+    metrics = ", ".join(_text(value["metric"]) for value in auto["value_bounds"])
+    if metrics and auto["chosen"] is None:
+        text += (f". The value bounds of {metrics} are chosen from the data with ε = {_num(auto['epsilon'])} "
+                 "before the query runs; their accuracy below is at bounds [0, 1] and scales with them")
+    elif metrics:
+        chosen = ", ".join(f"{_text(metric)} [{_num(v['bounds'][0])}, {_num(v['bounds'][1])}]"
+                           for metric, v in auto["chosen"]["value_bounds"].items())
+        text += f". Value bounds chosen from the data with ε = {_num(auto['epsilon'])}: {chosen}"
+    return text
 
 
 def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFrame | None) -> str:

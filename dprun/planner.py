@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import numpy as np
+
 from dprun.errors import SpecError
 from dprun.mechanisms import accounting, bound_choice, selection
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, gaussian_allowed
@@ -35,6 +37,7 @@ from dprun.mechanisms.quantities import (
     metric_quantities,
     noise_for,
     quantile_candidates,
+    value_reach,
 )
 from dprun.plan import (
     JoinPlan,
@@ -151,7 +154,7 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
 
     The concrete bounds are the chosen ones, or before they are chosen the largest candidates."""
     bounds = query.contribution_bounds
-    if not bounds.has_auto:
+    if not query.has_auto:
         return query, None
     l0 = bounds.max_partitions_contributed
     rows = bounds.max_contributions_per_partition
@@ -163,12 +166,28 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
         partitions=_known_partitions(query),
         row_metrics=sum(m.kind in ("count", "sum") for m in query.metrics),
         unit_metrics=sum(m.kind == "privacy_id_count" for m in query.metrics),
+        values=tuple(bound_choice.ValueChoice(m.name, m.column, MAIN_QUANTITY.get(m.kind))
+                     for m in query.metrics if m.bounds == "auto" and m.column is not None),
     )
     concrete = ContributionBounds(
         max_partitions_contributed=chosen.l0 if chosen else auto.l0 or auto.l0_candidates[-1],
         max_contributions_per_partition=chosen.rows if chosen else auto.rows or auto.rows_candidates[-1],
     )
-    return query.model_copy(update={"contribution_bounds": concrete}), auto
+    values = {v.metric: (v.lower, v.upper) for v in chosen.values} if chosen else {}
+    return _with_value_bounds(query.model_copy(update={"contribution_bounds": concrete}), values), auto
+
+
+# The value bounds a metric with `bounds: auto` is planned with before they are chosen: its accuracy
+# is stated per unit of the bounds' width until then.
+PLACEHOLDER_VALUE_BOUNDS = (0.0, 1.0)
+
+
+def _with_value_bounds(query: Query, chosen: dict[str, tuple[float, float]]) -> Query:
+    """The query with each `bounds: auto` replaced by the bounds chosen for it (`chosen`, by metric), else
+    PLACEHOLDER_VALUE_BOUNDS."""
+    metrics = [m.model_copy(update={"bounds": chosen.get(m.name, PLACEHOLDER_VALUE_BOUNDS)}) if m.bounds == "auto"
+               else m for m in query.metrics]
+    return query.model_copy(update={"metrics": metrics})
 
 
 def _known_partitions(query: Query) -> int | None:
@@ -192,19 +211,46 @@ def relative_noise(validated: ValidatedSpec, plan: Plan, index: int) -> bound_ch
     """For query `index` with `auto` bounds: its metrics' noise at given (L0, L∞), each relative to
     its value in a partition of the given rows and units, summed (what `bound_choice.choose_bounds`
     weighs against the rows dropped); the rest of its plan as it is."""
-    query = validated.spec.queries[index]
-    planned = plan.queries[index]
-    assert planned.bound_choice is not None, "a query with auto bounds"
-    epsilon = planned.epsilon - planned.bound_choice.epsilon
 
     def noise(l0: int, rows: int, rows_per_partition: float, units_per_partition: float) -> float:
-        bounds = ContributionBounds(max_partitions_contributed=l0, max_contributions_per_partition=rows)
-        concrete = query.model_copy(update={"contribution_bounds": bounds})
-        at = _plan_query(concrete, epsilon, planned.delta, planned.selection.mechanism, plan.noise_multiplier,
-                         validated)
+        at = _planned_at(validated, plan, index, l0, rows)
         return sum(_relative_std(at, metric, rows_per_partition, units_per_partition) for metric in at.metrics)
 
     return noise
+
+
+def value_noise(validated: ValidatedSpec, plan: Plan, index: int, l0: int, rows: int) -> bound_choice.ValueNoise:
+    """For query `index` with `bounds: auto` metrics, at contribution bounds (L0, L∞): each such metric's
+    noise std at given value bounds (what `bound_choice.choose_value_bounds` weighs against clipping).
+    Planned once; a value sum's noise scales with its sensitivity per row (`value_reach`)."""
+    at = _planned_at(validated, plan, index, l0, rows)
+    reference: dict[str, tuple[str, float]] = {}
+    for metric in at.metrics:
+        main = _main_noise(at, metric)
+        if main is not None and isinstance(main.noise, NoisePlan) and main.quantity.aggregate in VALUE_AGGREGATES:
+            reference[metric.name] = (main.quantity.aggregate, main.noise.std)
+
+    def noise(metric: str, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+        aggregate, std = reference[metric]
+        placeholder = value_reach(aggregate, *PLACEHOLDER_VALUE_BOUNDS)  # type: ignore[arg-type]
+        return std * value_reach(aggregate, lower, upper) / placeholder  # type: ignore[arg-type]
+
+    return noise
+
+
+VALUE_AGGREGATES = ("sum", "centered_sum")
+
+
+def _planned_at(validated: ValidatedSpec, plan: Plan, index: int, l0: int, rows: int) -> QueryPlan:
+    """Query `index` planned at contribution bounds (L0, L∞), with its own budget (less the choice's
+    share) and selection, and its `auto` value bounds at PLACEHOLDER_VALUE_BOUNDS."""
+    planned = plan.queries[index]
+    assert planned.bound_choice is not None, "a query with auto bounds"
+    bounds = ContributionBounds(max_partitions_contributed=l0, max_contributions_per_partition=rows)
+    concrete = _with_value_bounds(validated.spec.queries[index].model_copy(update={"contribution_bounds": bounds}),
+                                  {})
+    return _plan_query(concrete, planned.epsilon - planned.bound_choice.epsilon, planned.delta,
+                       planned.selection.mechanism, plan.noise_multiplier, validated)
 
 
 # The noisy quantity whose noise a metric's error is judged by, per kind (quantiles: none).
@@ -212,18 +258,24 @@ MAIN_QUANTITY = {"count": "rows", "privacy_id_count": "privacy_units", "sum": "s
                  "variance": "centered_sum", "stddev": "centered_sum"}
 
 
+def _main_noise(plan: QueryPlan, metric: MetricPlan) -> NoisyQuantity | None:
+    """The noisy quantity of MAIN_QUANTITY a metric's error is judged by (None: quantiles)."""
+    aggregate = MAIN_QUANTITY.get(metric.kind)
+    return next((plan.quantity(qid) for qid in metric.quantity_ids
+                 if plan.quantity(qid).quantity.aggregate == aggregate), None)
+
+
 def _relative_std(plan: QueryPlan, metric: MetricPlan, rows: float, units: float) -> float:
     """A metric's noise std relative to its value in a partition of `rows` rows and `units` units;
     a value is taken as half the bounds' magnitudes, (|lower| + |upper|) / 2."""
-    aggregate = MAIN_QUANTITY.get(metric.kind)
-    for qid in metric.quantity_ids:
-        noisy = plan.quantity(qid)
-        if noisy.quantity.aggregate == aggregate and isinstance(noisy.noise, NoisePlan):
-            size = units if aggregate == "privacy_units" else rows
-            if metric.bounds is not None and aggregate != "rows":
-                size *= max((abs(metric.bounds[0]) + abs(metric.bounds[1])) / 2, 1 / BOUND_LIMIT)
-            return noisy.noise.std / max(size, 1.0)
-    return 0.0
+    main = _main_noise(plan, metric)
+    if main is None or not isinstance(main.noise, NoisePlan):
+        return 0.0
+    aggregate = main.quantity.aggregate
+    size = units if aggregate == "privacy_units" else rows
+    if metric.bounds is not None and aggregate != "rows":
+        size *= max((abs(metric.bounds[0]) + abs(metric.bounds[1])) / 2, 1 / BOUND_LIMIT)
+    return main.noise.std / max(size, 1.0)
 
 
 def _located(index: int, step: Callable[..., T], *args: object) -> T:
@@ -255,10 +307,11 @@ def _metric_quantities(query: Query, choices: dict[int, QuantileChoice]) -> Metr
     for index, metric in enumerate(query.metrics):
         choice = choices.get(index)
         if choice is None:
-            out.append((metric, metric_quantities(metric.kind, metric.column, metric.bounds, m)))
+            out.append((metric, metric_quantities(metric.kind, metric.column, metric.fixed_bounds(), m)))
         elif choice.method == "candidates":
-            assert metric.column is not None and metric.bounds is not None
-            candidates = quantile_candidates(metric.column, metric.bounds, m, choice.candidates, choice.levels)
+            bounds = metric.fixed_bounds()
+            assert metric.column is not None and bounds is not None
+            candidates = quantile_candidates(metric.column, bounds, m, choice.candidates, choice.levels)
             out.append((metric, [candidates]))
         else:
             assert choice.tree is not None
@@ -337,7 +390,7 @@ def _plan_query(
             name=metric.name,
             kind=metric.kind,
             column=metric.column,
-            bounds=metric.bounds,
+            bounds=metric.fixed_bounds(),
             quantity_ids=tuple(q.id for q in qs),
             output_columns=tuple(output_columns(metric.name, metric.kind, metric.q)),
             integer=metric.kind in ("count", "privacy_id_count"),

@@ -79,7 +79,7 @@ def quantile_choices(query: Query, epsilon: float, delta: float, validated: Vali
     groups: dict[tuple[str | None, tuple[float, float] | None], list[int]] = {}
     for index, metric in enumerate(query.metrics):
         if metric.kind in QUANTILE_KINDS:
-            groups.setdefault((metric.column, metric.bounds), []).append(index)
+            groups.setdefault((metric.column, metric.fixed_bounds()), []).append(index)
     choices: dict[int, QuantileChoice] = {}
     for members in groups.values():
         metrics = [query.metrics[i] for i in members]
@@ -130,8 +130,9 @@ def _allowed_methods(metrics: list[Metric], indices: list[int]) -> list[Quantile
 
 def _whole_values(metric: Metric, schema: dict[str, pl.DataType]) -> int | None:
     """How many whole numbers the bounds hold, for an integer column with whole bounds; else None."""
-    assert metric.bounds is not None and metric.column is not None
-    lower, upper = metric.bounds
+    bounds = metric.fixed_bounds()
+    assert bounds is not None and metric.column is not None
+    lower, upper = bounds
     if schema[metric.column].is_integer() and lower.is_integer() and upper.is_integer():
         return int(upper - lower) + 1
     return None
@@ -157,8 +158,9 @@ def _best_tree(query: Query, metrics: list[Metric], indices: list[int], whole: i
     """
     l0, m = query.contribution_bounds.fixed()
     metric = metrics[0]
-    assert metric.bounds is not None and metric.column is not None
-    lower, upper = metric.bounds
+    bounds = metric.fixed_bounds()
+    assert bounds is not None and metric.column is not None
+    lower, upper = bounds
     branching = _one_setting(metrics, indices, "branching")
     depth = _one_setting(metrics, indices, "depth")
     aligned = whole is not None and whole <= MAX_WHOLE_LEAVES and (branching is None or depth is None or
@@ -211,5 +213,6 @@ def _candidate_count(metrics: list[Metric], indices: list[int], whole: int | Non
         return wanted
     if whole is not None and whole <= MAX_WHOLE_CANDIDATES:
         return whole
-    assert metrics[0].bounds is not None
-    return round_grid_count(*metrics[0].bounds, DEFAULT_CANDIDATES) or DEFAULT_CANDIDATES
+    bounds = metrics[0].fixed_bounds()
+    assert bounds is not None
+    return round_grid_count(*bounds, DEFAULT_CANDIDATES) or DEFAULT_CANDIDATES

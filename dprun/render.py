@@ -79,15 +79,25 @@ def _auto_bounds_line(query: dict[str, Any]) -> str:
     auto = query["auto_bounds"]
     chosen = auto["chosen"]
     if chosen is None:
-        among = ", ".join(f"{name} among {values[0]}…{values[-1]} (powers of 2)"
-                          for name, values in auto["candidates"].items())
-        return (f"auto contribution bounds: {among}, chosen from a noisy histogram of the privacy units' "
-                f"contributions (ε={_num(auto['epsilon'])}) for the fewest dropped rows plus noise; the "
-                "accuracy above is for the largest candidates, the most noise the chosen bounds can give")
-    return (f"contribution bounds chosen from the data (ε={_num(auto['epsilon'])}): max_partitions_contributed "
-            f"{chosen['max_partitions_contributed']}, max_contributions_per_partition "
-            f"{chosen['max_contributions_per_partition']}; they drop an estimated "
-            f"{100 * chosen['dropped_share_estimate']:.1f}% of the rows")
+        parts = [f"{name} among {values[0]}…{values[-1]} (powers of 2)" for name, values in auto["candidates"].items()]
+        parts += [f"{value['metric']}'s bounds among 0 and ±powers of 2" for value in auto["value_bounds"]]
+        text = (f"auto bounds: {', '.join(parts)}, chosen from noisy histograms of the privacy units' "
+                f"contributions and values (ε={_num(auto['epsilon'])}) for the least error of dropped rows, "
+                "clipped values and noise")
+        if auto["candidates"]:
+            text += "; the accuracy above is for the largest contribution candidates, the most noise they can give"
+        if auto["value_bounds"]:
+            text += "; metrics with auto value bounds show their accuracy at bounds [0, 1]: it scales with the chosen bounds"
+        return text
+    parts = []
+    if auto["candidates"]:
+        parts.append(f"max_partitions_contributed {chosen['max_partitions_contributed']}, "
+                     f"max_contributions_per_partition {chosen['max_contributions_per_partition']}; they drop an "
+                     f"estimated {100 * chosen['dropped_share_estimate']:.1f}% of the rows")
+    parts += [f"{metric} bounds [{_num(value['bounds'][0])}, {_num(value['bounds'][1])}], clipping an estimated "
+              f"{100 * value['clipped_share_estimate']:.1f}% of its values' magnitude"
+              for metric, value in chosen["value_bounds"].items()]
+    return f"bounds chosen from the data (ε={_num(auto['epsilon'])}): " + "; ".join(parts)
 
 
 def metric_rows(query: dict[str, Any]) -> list[list[str]]:
@@ -214,12 +224,17 @@ def print_profile(found: dict[str, Any], console: Console) -> None:
         for label, key in PROFILE_ROWS:
             table.add_row(label, *(_at_most(query[key][level]) for level in ("p50", "p90", "p99")))
         console.print(table)
+        if query["values"]:
+            console.print(_value_table(query))
         auto, spec = query["auto_would_choose"], query["spec_bounds"]
         console.print(f"  auto would choose max_partitions_contributed {auto['max_partitions_contributed']}, "
                       f"max_contributions_per_partition {auto['max_contributions_per_partition']} (an estimated "
                       f"{100 * auto['dropped_share_estimate']:.1f}% of the rows dropped); the spec says "
                       f"{spec['max_partitions_contributed']} and {spec['max_contributions_per_partition']}",
                       markup=False)
+        for metric, (lower, upper) in auto["value_bounds"].items():
+            console.print(f"  auto would choose {metric} bounds [{_num(lower)}, {_num(upper)}]; the spec says "
+                          f"{_bounds_text(spec['value_bounds'][metric])}", markup=False)
         console.print()
     line = f"spent: ε={_num(found['epsilon'])}, δ=0"
     if found.get("ledger"):
@@ -227,6 +242,20 @@ def print_profile(found: dict[str, Any], console: Console) -> None:
     console.print(line, markup=False)
     if found["non_private_test_seed"]:
         console.print("WARNING: made with a test seed; this profile is NOT private.", markup=False)
+
+
+def _value_table(query: dict[str, Any]) -> Table:
+    """The metric columns' binned value percentiles (each unit's rows weighed as one unit)."""
+    table = Table(title="  values (each privacy unit's rows weighed as one)", title_justify="left")
+    for column in ("column", "1%", "50%", "99%"):
+        table.add_column(column, overflow="fold")
+    for column, levels in query["values"].items():
+        table.add_row(column, *(_at_most(levels[level]) for level in ("p1", "p50", "p99")))
+    return table
+
+
+def _bounds_text(bounds: list[float] | str) -> str:
+    return bounds if isinstance(bounds, str) else f"[{_num(bounds[0])}, {_num(bounds[1])}]"
 
 
 def _at_most(value: float | str | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dprun import __version__
 from dprun.errors import DataError
+from dprun.mechanisms.bound_choice import VALUE_MAX_EXPONENT, VALUE_MIN_EXPONENT
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.normal import ndtri
 from dprun.mechanisms.quantile_candidates import (
@@ -99,6 +100,12 @@ def _auto_bounds(query: QueryPlan) -> dict[str, Any] | None:
         "candidates": {name: values for name, values in candidates.items() if values is not None},
         "partitions": choice.partitions,
         "min_partition_units": choice.min_units,
+        "value_bounds": [{
+            "metric": value.metric, "column": value.column,
+            "method": "value histogram, least clipped magnitude plus noise" if value.aggregate else
+                      "value histogram, the range of the values that stand out of the noise",
+            "candidates": f"0 and ±2^k for k = {VALUE_MIN_EXPONENT} … {VALUE_MAX_EXPONENT}",
+        } for value in choice.values],
         "chosen": None if chosen is None else {
             "max_partitions_contributed": chosen.l0,
             "max_contributions_per_partition": chosen.rows,
@@ -106,8 +113,19 @@ def _auto_bounds(query: QueryPlan) -> dict[str, Any] | None:
             "partitions_estimate": chosen.partitions,
             "typical_partition_units": chosen.typical_units,
             "dropped_share_estimate": chosen.dropped_share,
+            "value_bounds": {value.metric: {"bounds": [value.lower, value.upper],
+                                            "clipped_share_estimate": value.clipped_share}
+                             for value in chosen.values},
         },
     }
+
+
+def _metric_bounds(query: QueryPlan, metric: MetricPlan) -> list[float] | str | None:
+    """The metric's value bounds, `auto` while they are still to be chosen from the data."""
+    if query.bound_choice is not None and query.chosen_bounds is None and \
+            metric.name in {value.metric for value in query.bound_choice.values}:
+        return "auto"
+    return list(metric.bounds) if metric.bounds else None
 
 
 def _explain_quantity(noisy: NoisyQuantity) -> dict[str, Any]:
@@ -133,7 +151,7 @@ def _explain_metric(query: QueryPlan, metric: MetricPlan) -> dict[str, Any]:
         "name": metric.name,
         "kind": metric.kind,
         "column": metric.column,
-        "bounds": list(metric.bounds) if metric.bounds else None,
+        "bounds": _metric_bounds(query, metric),
         "clamp": metric.clamp,
         "quantities": list(metric.quantity_ids),
         "noise": "+".join(sorted({n.kind for n in noises})),

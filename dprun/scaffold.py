@@ -92,8 +92,10 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         "# No data value was read into this file.",
         "#",
         f"# Before running: replace every {PLACEHOLDER} below; `dprun validate` fails until you do.",
-        "# Choose every bound from domain knowledge, NEVER from the data: bounds computed from",
-        "# the data leak it and void the privacy guarantee. docs/spec.md documents every field.",
+        "# Choose every bound from domain knowledge, NEVER computed from the data: such bounds",
+        "# leak it and void the privacy guarantee. Or write `auto`: dprun then chooses the bound",
+        "# from the data with differential privacy, paid from the query's budget. docs/spec.md",
+        "# documents every field.",
         "#",
         "# Columns:",
         *[f"#   {_quote(c)}: {_type_name(schema[c])}" for c in names],
@@ -135,6 +137,7 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         "    contribution_bounds:",
         "      # How many partitions (group_by keys; 1 without group_by) one privacy unit may",
         "      # contribute to, and how many of its rows count in each; the rest are dropped at random.",
+        "      # `auto`: chosen from the data with DP (`dprun profile` shows the data's shape first).",
         f"      max_partitions_contributed: {PLACEHOLDER}",
         f"      max_contributions_per_partition: {PLACEHOLDER}",
         "    metrics:",
@@ -145,8 +148,8 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
     if values:
         lines += [
             "      # bounds: [lower, upper], the range of plausible values of the column, from domain",
-            "      # knowledge; values outside it are clamped. Other kinds: mean, variance, stddev,",
-            "      # quantile (with q), median, min, max.",
+            "      # knowledge (or `auto`, chosen with DP); values outside it are clamped. Other kinds:",
+            "      # mean, variance, stddev, quantile (with q), median, min, max.",
         ]
         for index, column in enumerate(values[:12]):
             name = _identifier(column, "value") + "_sum"

@@ -25,20 +25,25 @@ SHOPS = [f"s{i:02d}" for i in range(12)]
 USERS, VISITS = 3000, 10
 
 
-def write_spec(folder: Path, bounds: dict[str, Any], public: bool = True, accounting: str = "auto") -> Path:
+COUNTS = [{"name": "visits", "kind": "count"}, {"name": "people", "kind": "privacy_id_count"}]
+
+
+def write_spec(folder: Path, bounds: dict[str, Any], public: bool = True, accounting: str = "auto",
+               metrics: list[dict[str, Any]] = COUNTS, epsilon: float = 1.0) -> Path:
+    """The visits, each with a spend between 17 and 31 (in the value bin (16, 32])."""
     rng = np.random.default_rng(5)
     shops = np.concatenate([rng.choice(12, 3, replace=False) for _ in range(USERS)])
     frame = pl.DataFrame({"user": np.repeat([f"user-{u}" for u in range(USERS)], 3 * VISITS),
-                          "shop": np.repeat([SHOPS[s] for s in shops], VISITS)})
+                          "shop": np.repeat([SHOPS[s] for s in shops], VISITS),
+                          "spend": rng.uniform(17, 31, USERS * 3 * VISITS).round(2)})
     frame.sample(fraction=1.0, shuffle=True, seed=1).write_csv(folder / "visits.csv")
     query: dict[str, Any] = {
         "name": "q", "input": "visits", "group_by": ["shop"], "contribution_bounds": bounds,
-        "metrics": [{"name": "visits", "kind": "count"}, {"name": "people", "kind": "privacy_id_count"}],
-        "output": {"path": "out/q.parquet"},
+        "metrics": metrics, "output": {"path": "out/q.parquet"},
     }
     if public:
         query["partitions"] = {"public": SHOPS}
-    spec = {"version": 1, "privacy_unit": "user", "budget": {"epsilon": 1.0, "delta": 1e-6, "accounting": accounting},
+    spec = {"version": 1, "privacy_unit": "user", "budget": {"epsilon": epsilon, "delta": 1e-6, "accounting": accounting},
             "inputs": {"visits": {"path": "visits.csv"}}, "queries": [query], "report": "out/report.json"}
     path = folder / "spec.yaml"
     path.write_text(json.dumps(spec))
@@ -65,7 +70,7 @@ def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, publ
     assert before["auto_bounds"]["chosen"] is None
     assert before["auto_bounds"]["partitions"] == (12 if public else None)
     text = invoke("explain-budget", str(spec))
-    assert "auto contribution bounds: max_partitions_contributed among 1…128" in text.stdout
+    assert "auto bounds: max_partitions_contributed among 1…128" in text.stdout
 
     result = invoke("run", str(spec))
     assert result.exit_code == 0, everything(result)
@@ -88,7 +93,7 @@ def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, publ
     else:
         assert report["accounting"] == "pld" and report["noise_multiplier"] < 1
     assert 0.999 < total <= 1.0
-    assert "contribution bounds chosen from the data (ε=0.1): max_partitions_contributed 4" in \
+    assert "bounds chosen from the data (ε=0.1): max_partitions_contributed 4" in \
         (tmp_path / "out" / "report.md").read_text()
     released = pl.read_parquet(tmp_path / "out" / "q.parquet")
     truth = USERS * 3 * VISITS / 12
@@ -121,3 +126,58 @@ def test_a_wrong_auto_field_is_a_spec_error_naming_it(tmp_path: Path, bounds: di
     result = invoke("validate", str(spec))
     assert result.exit_code == 1, everything(result)
     assert message in everything(result) and "spec.yaml:1:" in everything(result)
+
+
+VALUES = [{"name": "visits", "kind": "count"},
+          {"name": "spend", "kind": "sum", "column": "spend", "bounds": "auto"},
+          {"name": "avg", "kind": "mean", "column": "spend", "bounds": "auto"},
+          {"name": "typical", "kind": "median", "column": "spend", "bounds": "auto"},
+          {"name": "fixed_avg", "kind": "mean", "column": "spend", "bounds": [0, 100]}]
+
+
+def test_value_bounds_are_chosen_from_the_data_next_to_fixed_ones(tmp_path: Path) -> None:
+    """Every spend lies in (16, 32]: a sum keeps it all at [0, 32]; a mean's noise grows with the width,
+    so [16, 32]; a median's range covers the values, [16, 32]. The contribution bounds choose (4, 16).
+    At ε = 20 the released numbers show the bounds drop nothing."""
+    spec = write_spec(tmp_path, AUTO, metrics=VALUES, epsilon=20.0)
+    explained = invoke("explain-budget", str(spec), "--format", "json")
+    assert explained.exit_code == 0, everything(explained)
+    before = json.loads(explained.stdout)["queries"][0]
+    assert [m["bounds"] for m in before["metrics"]] == [None, "auto", "auto", "auto", [0, 100]]
+    assert [v["metric"] for v in before["auto_bounds"]["value_bounds"]] == ["spend", "avg", "typical"]
+    assert "metrics with auto value bounds show their accuracy at bounds [0, 1]" in \
+        invoke("explain-budget", str(spec)).stdout
+
+    result = invoke("run", str(spec))
+    assert result.exit_code == 0, everything(result)
+    query = json.loads((tmp_path / "out" / "report.json").read_text())["queries"][0]
+    chosen = query["auto_bounds"]["chosen"]
+    assert (chosen["max_partitions_contributed"], chosen["max_contributions_per_partition"]) == (4, 16)
+    assert chosen["value_bounds"] == {"spend": {"bounds": [0.0, 32.0], "clipped_share_estimate": 0.0},
+                                      "avg": {"bounds": [16.0, 32.0], "clipped_share_estimate": 0.0},
+                                      "typical": {"bounds": [16.0, 32.0], "clipped_share_estimate": 0.0}}
+    assert [m["bounds"] for m in query["metrics"]] == [None, [0, 32], [16, 32], [16, 32], [0, 100]]
+    assert "spend bounds [0, 32], clipping an estimated 0.0%" in (tmp_path / "out" / "report.md").read_text()
+    assert "Value bounds chosen from the data with ε = 2: spend [0, 32], avg [16, 32], typical [16, 32]" in \
+        (tmp_path / "out" / "report.html").read_text()
+    released = pl.read_parquet(tmp_path / "out" / "q.parquet")
+    truth = pl.read_csv(tmp_path / "visits.csv").group_by("shop").agg(
+        pl.col("spend").sum(), pl.col("spend").mean().alias("avg"), pl.col("spend").median().alias("typical"))
+    joined = released.join(truth, on="shop", suffix="_true")
+    # About 7,500 visits of 24 per shop. Laplace noise beyond 12 std: 12 values together in far less than 1e-6.
+    std = {m["name"]: m["std"] for m in query["metrics"]}
+    assert std["spend"] < 2000
+    assert ((joined["spend"] - joined["spend_true"]).abs() < 12 * std["spend"]).all(), joined
+    assert ((joined["avg"] - joined["avg_true"]).abs() < 0.5).all(), joined
+    assert ((joined["typical"] - joined["typical_true"]).abs() < 1.0).all(), joined
+
+
+def test_a_value_bound_of_a_text_column_is_a_located_spec_error(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, AUTO, metrics=[{"name": "s", "kind": "sum", "column": "shop", "bounds": "auto"}])
+    result = invoke("validate", str(spec))
+    assert result.exit_code == 1, everything(result)
+    assert "spec.yaml:1:" in result.output and "queries[0].metrics[0].column: column 'shop' is String, not numeric" \
+        in everything(result)
+    wrong = write_spec(tmp_path, AUTO, metrics=[{"name": "s", "kind": "sum", "column": "spend", "bounds": "autom"}])
+    result = invoke("validate", str(wrong))
+    assert result.exit_code == 1 and "queries[0].metrics[0].bounds: must be `[lower, upper]`" in everything(result)

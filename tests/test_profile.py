@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from dprun_testing import everything, invoke, no_ambient_ledger
-from test_auto_bounds import write_spec
+from test_auto_bounds import COUNTS, write_spec
 
 from dprun import api
 
@@ -22,8 +22,11 @@ assert no_ambient_ledger  # the fixture is used by name above
 HAND = {"max_partitions_contributed": 2, "max_contributions_per_partition": 5}
 
 
+SPEND = {"name": "spend", "kind": "sum", "column": "spend", "bounds": [0, 100]}
+
+
 def test_the_profile_shows_the_contribution_shape_and_the_bounds_auto_would_choose(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, HAND, public=False)
+    spec = write_spec(tmp_path, HAND, public=False, metrics=[*COUNTS, SPEND])
     result = invoke("profile", str(spec), "--epsilon", "1", "--format", "json")
     assert result.exit_code == 0, everything(result)
     found = json.loads(result.stdout)
@@ -35,9 +38,11 @@ def test_the_profile_shows_the_contribution_shape_and_the_bounds_auto_would_choo
     # 12 private partitions of about 250 picks, 6 or so per size bin: below the noise floor (24 at ε = 1).
     assert query["partitions_estimate"] is None
     assert query["units_per_partition"] == {"p50": None, "p90": None, "p99": None}
+    # Every spend is in (16, 32]: both tails and the middle are in that bin, and a sum keeps it all at [0, 32].
+    assert query["values"] == {"spend": {"p1": 32.0, "p50": 32.0, "p99": 32.0}}
     assert query["auto_would_choose"] == {"max_partitions_contributed": 4, "max_contributions_per_partition": 16,
-                                          "dropped_share_estimate": 0.0}
-    assert query["spec_bounds"] == HAND
+                                          "dropped_share_estimate": 0.0, "value_bounds": {"spend": [0.0, 32.0]}}
+    assert query["spec_bounds"] == {**HAND, "value_bounds": {"spend": [0, 100]}}
     assert not (tmp_path / "out").exists(), "a profile publishes no file"
 
     text = invoke("profile", str(spec), "--epsilon", "1")
@@ -46,6 +51,8 @@ def test_the_profile_shows_the_contribution_shape_and_the_bounds_auto_would_choo
     assert text.stdout.index("spends ε=1") < text.stdout.index("query q")
     assert "auto would choose max_partitions_contributed 4, max_contributions_per_partition 16" in text.stdout
     assert "the spec says 2 and 5" in text.stdout
+    assert "values (each privacy unit's rows weighed as one)" in text.stdout
+    assert "auto would choose spend bounds [0, 32]; the spec says [0, 100]" in text.stdout
     assert "partitions too few to count at this ε" in text.stdout
 
 

@@ -55,6 +55,7 @@ from dprun.plan import QueryPlan
 
 SHARD = "__dprun_shard__"
 STARTS = "__dprun_starts__"
+VALUE = "__dprun_value_"  # + the index of a value column the contribution profile reads
 R = TypeVar("R")
 A = TypeVar("A")
 # Rows sorted in memory at once: ~8 bytes per row and per value column. A shard's arrays
@@ -401,14 +402,16 @@ def _packed_frame(rows: pl.LazyFrame, codes: Codes, *extra: str | pl.Expr) -> pl
 
 @dataclass
 class _Profile:
-    """A worker's share of the contribution histogram and of the picks per key code."""
+    """A worker's share of the contribution histogram, of the picks per key code and of the value histograms."""
 
     cells: np.ndarray
     picks: np.ndarray
+    values: np.ndarray
 
     def merge(self, other: _Profile) -> None:
         self.cells += other.cells
         self.picks += other.picks
+        self.values += other.values
 
 
 def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seeds: tuple[int, int], workdir: Path
@@ -418,18 +421,26 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
 
     Per unit, its partitions and the rows of the pair with the smallest keyed hash of its unit's
     and partition's values (`seeds`: the sharding key, then the picking key); per partition,
-    the units that picked it. Codes only say which rows belong together: which pair a unit
-    picks depends on its own values."""
+    the units that picked it; per value column, each unit's rows' value cells, weighed to one
+    count per unit (`bound_choice.unit_value_weights`). Codes only say which rows belong
+    together: which pair a unit picks depends on its own values."""
     choice = plan.bound_choice
     assert choice is not None, "a query with auto bounds"
     shard_seed, pick_seed = seeds
-    loads = _shards(_packed_frame(rows, codes), codes, shard_seed, workdir)
+    value_columns = {f"{VALUE}{i}": pl.col(c).cast(pl.Float64) for i, c in enumerate(choice.value_columns)}
+    loads = _shards(_packed_frame(rows, codes, *(e.alias(n) for n, e in value_columns.items())), codes, shard_seed,
+                    workdir)
 
     def new_profile() -> _Profile:
-        return _Profile(np.zeros(choice.shape, dtype=np.int64), np.zeros(codes.keys.count, dtype=np.int64))
+        return _Profile(np.zeros(choice.shape, dtype=np.int64), np.zeros(codes.keys.count, dtype=np.int64),
+                         np.zeros((len(value_columns), bound_choice.VALUE_CELLS), dtype=np.int64))
 
     def profile_shard(load: Callable[[], pl.DataFrame], found: _Profile) -> None:
         shard, unit_values = _packed(load(), codes, shard_seed)
+        if value_columns:
+            units = shard[PACKED].to_numpy() >> codes.key_bits
+            for index, name in enumerate(value_columns):
+                found.values[index] += _value_weights(units, shard[name])
         pairs = _pair_sums(shard.select(PACKED))
         del shard
         unit_code = pairs[PACKED] >> codes.key_bits
@@ -446,7 +457,15 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     _, (total, *others) = _in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
     for other in others:
         total.merge(other)
-    return bound_choice.ContributionProfile(total.cells, bound_choice.size_histogram(total.picks[total.picks > 0]))
+    return bound_choice.ContributionProfile(total.cells, bound_choice.size_histogram(total.picks[total.picks > 0]),
+                                            total.values)
+
+
+def _value_weights(unit_code: np.ndarray, values: pl.Series) -> np.ndarray:
+    """One value column's histogram in a shard: its finite values only (nulls and NaN add nothing)."""
+    present = values.is_finite().fill_null(False).to_numpy()
+    numbers = values.to_numpy()[present]
+    return bound_choice.unit_value_weights(unit_code[present], bound_choice.value_cells(numbers))
 
 
 def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:

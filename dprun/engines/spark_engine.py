@@ -95,6 +95,7 @@ PAIR_ROWS = "__dprun_pair_rows__"
 PICK = "__dprun_pick__"
 PICKED_KEY = "__dprun_picked_key__"
 PARTITIONS = "__dprun_partitions__"
+VALUE_CELL = "__dprun_value_cell__"
 EXACT = "decimal(38,0)"  # exact integers up to about 2**126 (the Polars engine uses Int128)
 
 
@@ -273,8 +274,8 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
     units = list(plan.privacy_unit)
     _, truncation_seed, pick_seed, _ = source.hash_seeds()
     with _spark_errors():
-        pairs = _rows(spark, plan, info, keys, truncation_seed).groupBy(*_cols([*units, *keys])) \
-            .agg(f.count(f.lit(1)).alias(PAIR_ROWS))
+        rows = _rows(spark, plan, info, keys, truncation_seed)
+        pairs = rows.groupBy(*_cols([*units, *keys])).agg(f.count(f.lit(1)).alias(PAIR_ROWS))
         pairs = pairs.withColumn(PICK, _keyed_hash(pick_seed, [*units, *keys])) \
             .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys))
         per_unit = pairs.groupBy(*_cols(units)).agg(
@@ -288,9 +289,43 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
                              {UNITS: pl.Int64, PARTITIONS: pl.Int64})
         finally:
             per_unit.unpersist()
+        values = [_value_histogram(rows, units, column) for column in plan.bound_choice.value_columns]
     cells = bound_choice.histogram(shapes[PARTITIONS].to_numpy(), shapes[PAIR_ROWS].to_numpy(), plan.bound_choice,
                                    shapes[UNITS].to_numpy())
-    return ContributionProfile(cells, bound_choice.size_histogram(sizes[UNITS].to_numpy(), sizes[PARTITIONS].to_numpy()))
+    return ContributionProfile(cells, bound_choice.size_histogram(sizes[UNITS].to_numpy(), sizes[PARTITIONS].to_numpy()),
+                               np.array(values, dtype=np.int64).reshape(len(values), bound_choice.VALUE_CELLS))
+
+
+def _value_histogram(rows: DataFrame, units: list[str], column: str) -> np.ndarray:
+    """One column's value histogram as `bound_choice.unit_value_weights` computes it: each unit's
+    finite values' cells (`_value_cell`), weighed to 2^VALUE_WEIGHT_BITS per unit, rounded down."""
+    f = F()
+    from pyspark.sql import Window
+
+    value = _col(column).cast("double")
+    present = rows.where(value.isNotNull() & ~f.isnan(value) & (f.abs(value) < float("inf")))
+    per_cell = present.groupBy(*_cols(units), _value_cell(value).alias(VALUE_CELL)).agg(f.count(f.lit(1)).alias(COUNT))
+    unit_rows = f.sum(COUNT).over(Window.partitionBy(*_cols(units)))
+    weights = per_cell.select(VALUE_CELL, _floor_div(f.col(COUNT) * (1 << bound_choice.VALUE_WEIGHT_BITS), unit_rows
+                                                     ).alias(COUNT))
+    found = _collect(weights.groupBy(VALUE_CELL).agg(f.sum(COUNT).alias(COUNT)), {VALUE_CELL: pl.Int64, COUNT: pl.Int64})
+    histogram = np.zeros(bound_choice.VALUE_CELLS, dtype=np.int64)
+    histogram[found[VALUE_CELL].to_numpy()] = found[COUNT].to_numpy()
+    return histogram
+
+
+def _value_cell(value: Column) -> Column:
+    """`bound_choice.value_cells` in Spark: the smallest k with |v| ≤ 2^k from log2, then made exact by
+    comparing with powers of two (exact doubles)."""
+    f = F()
+    magnitude = f.abs(value)
+    guess = f.ceil(f.log2(magnitude)).cast("int")
+    k = f.when(f.pow(f.lit(2.0), guess - 1) >= magnitude, guess - 1) \
+        .when(f.pow(f.lit(2.0), guess) < magnitude, guess + 1).otherwise(guess)
+    position = f.least(f.greatest(k - bound_choice.VALUE_MIN_EXPONENT + 1, f.lit(0)),
+                       f.lit(bound_choice.VALUE_EXPONENTS + 1))
+    position = f.when(magnitude == 0, f.lit(0)).otherwise(position)
+    return (f.lit(bound_choice.ZERO_CELL) + f.signum(value).cast("int") * position).cast("long")
 
 
 def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession) -> pl.DataFrame:

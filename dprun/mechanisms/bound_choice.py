@@ -1,17 +1,21 @@
-"""Contribution bounds chosen from the data (`auto`), with differential privacy.
+"""Contribution and value bounds chosen from the data (`auto`), with differential privacy.
 
 One mechanism, then a choice made from its output alone (post-processing):
 
-1. **Two histograms** (`noisy_profile`). Every privacy unit lands in exactly one cell of the
+1. **Histograms** (`noisy_profile`). Every privacy unit lands in exactly one cell of the
    *contribution* grid: its number of partitions n (the L0 axis) and the rows r of one of its
    (unit, partition) pairs, picked by a keyed hash of the pair, so uniformly at random (the
    L∞ axis). The *size* histogram counts the partitions by the number of units that picked
    them. All axes are binned on powers of two: bin j holds the values in (2^(j-1), 2^j],
    bin 0 the value 1, and the last bin everything above the largest candidate. Adding or
    removing one unit changes one contribution cell by 1 and moves one partition to the next
-   size bin (two size cells by 1), so the whole vector has L1 sensitivity 3: discrete
-   Laplace noise of scale 3/ε on every cell, the empty ones included, is ε-DP ([CKS20];
-   add/remove neighbours).
+   size bin (two size cells by 1). Per column with `bounds: auto`, a *value* histogram on a
+   signed power-of-two grid (`value_cells`) holds each unit's rows spread over their cells,
+   weighed so that a unit's weights add up to at most one count (2^16 in integer weights,
+   `unit_value_weights`): one unit moves it by at most one count. The whole vector has L1
+   sensitivity 3 + k (k value columns): discrete Laplace noise of scale (3 + k)/ε counts on
+   every cell (2^16 times that on the integer weights), the empty ones included, is ε-DP
+   ([CKS20]; add/remove neighbours).
 2. **The choice** (`choose_bounds`), for each candidate pair (L0, L∞) on the grids
    (powers of two), of the estimated mean relative error of the query's metrics over the
    partitions that matter, summed over the metrics: the share of rows (for counts and
@@ -31,6 +35,13 @@ One mechanism, then a choice made from its output alone (post-processing):
    noise alone reaches in one run of 10^6 (all cells together) count as empty: a noisy empty
    cell at the top of the grid would otherwise stand for many dropped rows.
 
+3. **Value bounds** (`choose_value_bounds`), once (L0, L∞) is chosen: for a sum or a mean, the
+   pair (lower, upper) among 0 and ± every power of two of the grid with the smallest share of
+   the values' magnitude clamping removes (each cell at its middle value) plus the noise std
+   of the metric's noisy sum at those bounds over its value in the typical partition; for a
+   quantile, the edges of the lowest and highest cells above the floor (its answers lie among
+   the values, and a wider range only coarsens them).
+
 Why histograms and a post-processed choice rather than the exponential mechanism over the
 candidates: the error score of a candidate changes by up to the largest candidate when one
 unit is added (its dropped rows), so its sensitivity is that large, while the histograms'
@@ -41,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +70,16 @@ L1_SENSITIVITY = 3
 # All empty cells together reach the floor by noise alone with at most this probability: a
 # phantom cell of units with more partitions or rows than any real one would move the choice.
 EMPTY_CELL_FALSE_ALARM = 1e-6
+# Value bins, per sign: magnitudes in (2^(k-1), 2^k] for k = VALUE_MIN_EXPONENT … VALUE_MAX_EXPONENT,
+# one bin above 2^VALUE_MAX_EXPONENT, and one "zero" bin for |v| ≤ 2^(VALUE_MIN_EXPONENT - 1) shared by
+# both signs. Cell ZERO_CELL ± p holds the values of sign ± at position p (1 … VALUE_EXPONENTS, then above).
+VALUE_MIN_EXPONENT = -20
+VALUE_MAX_EXPONENT = 40
+VALUE_EXPONENTS = VALUE_MAX_EXPONENT - VALUE_MIN_EXPONENT + 1
+ZERO_CELL = VALUE_EXPONENTS + 1
+VALUE_CELLS = 2 * ZERO_CELL + 1
+# A unit's weight, spread over the bins of its values, is 2^VALUE_WEIGHT_BITS in all (each bin's part rounded down).
+VALUE_WEIGHT_BITS = 16
 
 
 @dataclass(frozen=True)
@@ -79,13 +100,20 @@ class BoundChoicePlan:
     row_metrics: int
     unit_metrics: int
     min_units: float = 1.0  # the partitions whose error counts hold at least this many units
+    values: tuple[ValueChoice, ...] = ()  # the metrics whose value bounds are `auto`
     l0_candidates: tuple[int, ...] = L0_CANDIDATES
     rows_candidates: tuple[int, ...] = ROWS_CANDIDATES
 
     @property
+    def value_columns(self) -> tuple[str, ...]:
+        """The columns profiled for value bounds, one histogram each, in a fixed order."""
+        return tuple(dict.fromkeys(choice.column for choice in self.values))
+
+    @property
     def scale(self) -> float:
-        """The discrete Laplace scale t of every cell."""
-        return L1_SENSITIVITY / self.epsilon
+        """The discrete Laplace scale t of every contribution and size cell (a value cell's is t · 2^VALUE_WEIGHT_BITS
+        in its weight units: one unit's whole weight is worth one count)."""
+        return (L1_SENSITIVITY + len(self.value_columns)) / self.epsilon
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -94,8 +122,18 @@ class BoundChoicePlan:
 
     @property
     def cells(self) -> int:
-        """Every noisy number: the contribution cells and the size cells."""
-        return self.shape[0] * self.shape[1] + len(SIZE_CANDIDATES) + 1
+        """Every noisy number: the contribution cells, the size cells and the value cells."""
+        return self.shape[0] * self.shape[1] + len(SIZE_CANDIDATES) + 1 + len(self.value_columns) * VALUE_CELLS
+
+
+@dataclass(frozen=True)
+class ValueChoice:
+    """A metric whose `bounds` are `auto`: its name, its column, and the noisy sum its error is judged
+    by (`sum`, `centered_sum`; None for quantiles, whose bounds cover the values instead)."""
+
+    metric: str
+    column: str
+    aggregate: str | None
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,8 @@ class ContributionProfile:
 
     cells: np.ndarray  # int64, shape BoundChoicePlan.shape
     sizes: np.ndarray  # int64, len(SIZE_CANDIDATES) + 1
+    # int64, (value columns, VALUE_CELLS): per value bin, the units' weights (2^VALUE_WEIGHT_BITS per unit)
+    values: np.ndarray = field(default_factory=lambda: np.zeros((0, VALUE_CELLS), dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -117,6 +157,18 @@ class ChosenBounds:
     partitions: int  # the number of partitions: public, or the noisy count of picked ones
     typical_units: float  # the units of a typical partition that matters, where the noise was weighed
     dropped_share: float  # estimated share of rows (units, for unit counts only) the chosen bounds drop
+    typical_rows: float = 0.0  # the rows of that typical partition
+    values: tuple[ChosenValues, ...] = ()  # the value bounds chosen, per metric with `bounds: auto`
+
+
+@dataclass(frozen=True)
+class ChosenValues:
+    """A metric's chosen value bounds and the estimated share of its values' magnitude they clip (DP)."""
+
+    metric: str
+    lower: float
+    upper: float
+    clipped_share: float
 
 
 def bin_index(values: np.ndarray, candidates: tuple[int, ...]) -> np.ndarray:
@@ -150,9 +202,11 @@ def size_histogram(picks_per_partition: np.ndarray, partitions: np.ndarray | Non
 def noisy_profile(profile: ContributionProfile, plan: BoundChoicePlan, source: RandomSource
                   ) -> ContributionProfile:
     """The ε-DP release: every cell of both histograms with discrete Laplace noise of scale 3/ε."""
-    noise = discrete_laplace(source, plan.scale, plan.cells)
+    noise = discrete_laplace(source, plan.scale, plan.shape[0] * plan.shape[1] + len(SIZE_CANDIDATES) + 1)
     split = profile.cells.size
-    return ContributionProfile(profile.cells + noise[:split].reshape(plan.shape), profile.sizes + noise[split:])
+    values = profile.values + discrete_laplace(source, plan.scale * 2**VALUE_WEIGHT_BITS, profile.values.size
+                                               ).reshape(profile.values.shape)
+    return ContributionProfile(profile.cells + noise[:split].reshape(plan.shape), profile.sizes + noise[split:], values)
 
 
 def empty_cell_floor(plan: BoundChoicePlan) -> float:
@@ -162,6 +216,109 @@ def empty_cell_floor(plan: BoundChoicePlan) -> float:
     cells · e^{-(k-1)/t} = EMPTY_CELL_FALSE_ALARM.
     """
     return 1.0 + plan.scale * math.log(plan.cells / EMPTY_CELL_FALSE_ALARM)
+
+
+
+
+def value_cells(values: np.ndarray) -> np.ndarray:
+    """The value cell of each finite float64 value, exactly: the smallest k with |v| ≤ 2^k is frexp's
+    exponent, less one where |v| is itself a power of two (mantissa one half)."""
+    magnitude = np.abs(values)
+    mantissa, exponent = np.frexp(magnitude)
+    smallest_k = exponent - (mantissa == 0.5)
+    position = np.clip(smallest_k - VALUE_MIN_EXPONENT + 1, 0, VALUE_EXPONENTS + 1)
+    position = np.where(magnitude == 0, 0, position)
+    return ZERO_CELL + np.sign(values).astype(np.int64) * position
+
+
+def unit_value_weights(unit: np.ndarray, cell: np.ndarray) -> np.ndarray:
+    """The exact value histogram: each unit's rows' cells, weighted so that a unit's weights add up
+    to at most 2^VALUE_WEIGHT_BITS (its share of rows in a cell, times that, rounded down).
+
+    `unit`: any integer label of each row's unit; `cell`: the row's value cell. Rounding down
+    keeps one unit's whole weight within one count's worth: the L1 sensitivity of the histogram."""
+    # (unit, cell) as one int64, the units numbered densely first (labels may use all 64 bits).
+    dense = np.unique(unit, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    pairs, rows = np.unique(dense * VALUE_CELLS + cell, return_counts=True)
+    units, cells = np.divmod(pairs, VALUE_CELLS)
+    starts = np.flatnonzero(np.diff(units, prepend=-1) != 0)
+    per_unit = np.repeat(np.add.reduceat(rows, starts), np.diff(np.append(starts, rows.size)))
+    weights = (rows << VALUE_WEIGHT_BITS) // per_unit
+    out = np.zeros(VALUE_CELLS, dtype=np.int64)
+    np.add.at(out, cells, weights)
+    return out
+
+
+def _value_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per value cell, its lower and upper edges and a typical value: the middle of its bin; 0 for
+    the zero bin; for the bins above the largest magnitude, twice it."""
+    magnitudes = [math.ldexp(1.0, k) for k in range(VALUE_MIN_EXPONENT, VALUE_MAX_EXPONENT + 1)]
+    top = magnitudes[-1]
+    low = np.array([0.0, *(m / 2 for m in magnitudes), top])
+    high = np.array([0.0, *magnitudes, 2 * top])
+    middle = np.array([0.0, *(0.75 * m for m in magnitudes), 2 * top])
+    lower = np.concatenate([-high[:0:-1], low])
+    upper = np.concatenate([-low[:0:-1], high])
+    return lower, upper, np.concatenate([-middle[:0:-1], middle])
+
+
+VALUE_LOWER, VALUE_UPPER, VALUE_MIDDLE = _value_edges()
+# Candidate value bounds: 0 and ± every power of two of the grid, in increasing magnitude (ties go to smaller bounds).
+BOUND_CANDIDATES: np.ndarray = np.array(
+    [0.0, *(s * math.ldexp(1.0, k) for k in range(VALUE_MIN_EXPONENT, VALUE_MAX_EXPONENT + 1) for s in (1, -1))])
+
+# value_noise(metric, lower, upper): the noise std of the metric's noisy sum (ValueChoice.aggregate)
+# at value bounds [lower, upper], given as arrays that broadcast.
+ValueNoise = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
+
+
+def choose_value_bounds(noisy: ContributionProfile, plan: BoundChoicePlan, typical_rows: float,
+                        value_noise: ValueNoise) -> tuple[ChosenValues, ...]:
+    """The value bounds of each metric with `bounds: auto`, from the noisy value histograms alone.
+
+    Sums and means: the candidate pair (lower, upper) with the smallest share of the values'
+    magnitude clipped plus the noise std at those bounds over the metric's value in a typical
+    partition (`typical_rows` rows of the mean magnitude). Quantiles: the edges of the lowest
+    and highest bins that stand out of the noise (their answers lie among the values; a wider
+    range only coarsens them). Nothing stands out: [0, 1]."""
+    floor = empty_cell_floor(plan)
+    chosen = []
+    for choice in plan.values:
+        weights = noisy.values[plan.value_columns.index(choice.column)] / 2**VALUE_WEIGHT_BITS
+        weights = np.where(weights >= floor, weights, 0.0)
+        mass = float((weights * np.abs(VALUE_MIDDLE)).sum())
+        if weights.sum() <= 0 or (mass <= 0 and choice.aggregate is not None):
+            chosen.append(ChosenValues(choice.metric, 0.0, 1.0, 0.0))
+        elif choice.aggregate is None:
+            chosen.append(_covering(weights, choice.metric))
+        else:
+            chosen.append(_least_error(weights, choice, typical_rows * mass / float(weights.sum()), value_noise))
+    return tuple(chosen)
+
+
+def _clipped(weights: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """The weighted magnitude clamping to [lower, upper] removes from the bins' typical values."""
+    below = (weights * np.maximum(lower[:, None] - VALUE_MIDDLE, 0.0)).sum(axis=1)
+    above = (weights * np.maximum(VALUE_MIDDLE - upper[:, None], 0.0)).sum(axis=1)
+    return below[:, None] + above[None, :]
+
+
+def _least_error(weights: np.ndarray, choice: ValueChoice, typical_value: float, value_noise: ValueNoise
+                 ) -> ChosenValues:
+    lower, upper = BOUND_CANDIDATES, BOUND_CANDIDATES
+    clipped = _clipped(weights, lower, upper) / float((weights * np.abs(VALUE_MIDDLE)).sum())
+    error = clipped + value_noise(choice.metric, lower[:, None], upper[None, :]) / typical_value
+    error = np.where(lower[:, None] < upper[None, :], error, np.inf)
+    i, j = np.unravel_index(int(np.argmin(error)), error.shape)
+    return ChosenValues(choice.metric, float(lower[i]), float(upper[j]), float(clipped[i, j]))
+
+
+def _covering(weights: np.ndarray, metric: str) -> ChosenValues:
+    present = np.flatnonzero(weights > 0)
+    lower, upper = float(VALUE_LOWER[present[0]]), float(VALUE_UPPER[present[-1]])
+    if upper <= lower:  # only the zero bin
+        upper = lower + 1.0
+    return ChosenValues(metric, lower, upper, 0.0)
 
 
 # relative_noise(l0, rows, rows per partition, units per partition): the query's metrics' noise
@@ -209,7 +366,7 @@ def choose_bounds(noisy: ContributionProfile, plan: BoundChoicePlan, relative_no
                 best = (error, l0, rows, dropped_units if plan.row_metrics == 0 else dropped_rows)
     assert best is not None
     _, l0, rows, dropped = best
-    return ChosenBounds(l0, rows, int(units), partitions, typical_units, dropped)
+    return ChosenBounds(l0, rows, int(units), partitions, typical_units, dropped, typical_rows)
 
 
 def _share(part: float, whole: float) -> float:
@@ -248,7 +405,26 @@ def profile_summary(noisy: ContributionProfile, plan: BoundChoicePlan) -> dict[s
         # Each unit's picked pair stands for its n pairs: weigh its rows bin by n.
         "rows_per_unit_and_partition": _binned_quantiles((counts * n[:, None]).sum(axis=0), plan.rows_candidates),
         "units_per_partition": _binned_quantiles(sizes, tuple(round(edge, 1) for edge in per_partition)),
+        "values": {column: _value_quantiles(np.where(weights / 2**VALUE_WEIGHT_BITS >= floor, weights, 0))
+                   for column, weights in zip(plan.value_columns, noisy.values)},
     }
+
+
+# The levels the value distributions are stated at: both tails matter to value bounds.
+VALUE_LEVELS = (0.01, 0.5, 0.99)
+
+
+def _value_quantiles(weights: np.ndarray) -> dict[str, float | str | None]:
+    """Per level, the upper edge of the first value bin whose cumulative weight reaches it (`"> C"` in the
+    bin above the largest magnitude C); None without weight."""
+    total = float(weights.sum())
+    cumulative = np.cumsum(weights)
+    out: dict[str, float | str | None] = {}
+    for level in VALUE_LEVELS:
+        index = int(np.searchsorted(cumulative, level * total)) if total > 0 else -1
+        upper = float(VALUE_UPPER[index]) if index >= 0 else None
+        out[f"p{level * 100:g}"] = f"> {VALUE_UPPER[-2]:g}" if index == VALUE_CELLS - 1 else upper
+    return out
 
 
 def _binned_quantiles(weights: np.ndarray, edges: tuple[float, ...]) -> dict[str, float | str | None]:

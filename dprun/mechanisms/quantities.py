@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+import numpy as np
 
 from dprun.mechanisms.noise import NoiseKind, NoisePlan, calibrate
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
@@ -35,6 +37,7 @@ Aggregate = Literal["privacy_units", "rows", "sum", "centered_sum", "centered_su
                     "quantile_candidates"]
 QuantileMethod = Literal["tree", "candidates"]
 
+F = TypeVar("F", float, np.ndarray)
 # Units per value: the largest |value| is about 2^VALUE_BITS units, so the rounding
 # error of one value is below 2^-VALUE_BITS of its range.
 VALUE_BITS = 30
@@ -115,8 +118,7 @@ def build_quantity(
     assert bounds is not None and column is not None, "value quantities need a column and bounds"
     lower, upper = bounds
     center = (lower + upper) / 2 if aggregate != "sum" else 0.0
-    half = (upper - lower) / 2
-    largest = {"sum": max(abs(lower), abs(upper)), "centered_sum": half, "centered_sumsq": half * half}[aggregate]
+    largest = float(value_reach(aggregate, lower, upper))
     exponent = math.frexp(largest)[1] - VALUE_BITS
     max_units = math.ceil(math.ldexp(largest, -exponent))
     return Quantity(
@@ -130,6 +132,15 @@ def build_quantity(
         max_units=max_units,
         linf_units=max_rows * max_units,
     )
+
+
+def value_reach(aggregate: Aggregate, lower: F, upper: F) -> F:
+    """The largest |amount| one row adds to a value quantity with values clamped to [lower, upper]
+    (before rounding to units): the sensitivity per row. Works on floats and on numpy arrays."""
+    half = (upper - lower) / 2
+    if aggregate == "sum":
+        return np.maximum(np.abs(lower), np.abs(upper))
+    return half * half if aggregate == "centered_sumsq" else half
 
 
 def quantile_tree(column: str, domain: tuple[float, float], max_rows: int, branching: int, depth: int,

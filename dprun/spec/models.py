@@ -189,6 +189,7 @@ class Partitions(Strict):
 
 Bound = Annotated[int, Field(ge=1, le=10**6)]
 _BOUND: TypeAdapter[int] = TypeAdapter(Bound)
+_PAIR: TypeAdapter[tuple[float, float]] = TypeAdapter(tuple[float, float])
 AUTO_BOUNDS_DESCRIPTION = "A whole number, or `auto`: chosen from the data with differential privacy."
 
 
@@ -196,7 +197,8 @@ class ContributionBounds(Strict):
     max_partitions_contributed: Bound | Literal["auto"] = Field(description=AUTO_BOUNDS_DESCRIPTION)
     max_contributions_per_partition: Bound | Literal["auto"] = Field(description=AUTO_BOUNDS_DESCRIPTION)
     auto_budget_share: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] | None = Field(
-        default=None, description="The fraction of the query's ε spent choosing its `auto` bounds (default 0.1).")
+        default=None, description="The fraction of the query's ε spent choosing its `auto` bounds, contribution and value "
+        "bounds together (default 0.1).")
 
     @field_validator("max_partitions_contributed", "max_contributions_per_partition", mode="wrap")
     @classmethod
@@ -211,12 +213,6 @@ class ContributionBounds(Strict):
         except ValidationError as exc:
             first = exc.errors()[0]
             raise PydanticCustomError(first["type"], first["msg"]) from None
-
-    @model_validator(mode="after")
-    def _share_for_auto(self) -> ContributionBounds:
-        if self.auto_budget_share is not None and not self.has_auto:
-            raise ValueError("`auto_budget_share` is for `auto` bounds; no bound here is `auto`")
-        return self
 
     @property
     def has_auto(self) -> bool:
@@ -233,7 +229,8 @@ class Metric(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     kind: MetricKind
     column: str | None = None
-    bounds: tuple[float, float] | None = None
+    bounds: tuple[float, float] | Literal["auto"] | None = Field(default=None, description=(
+        "[lower, upper]: each value is clamped to them. `auto`: chosen from the data with differential privacy."))
     q: float | list[float] | None = None
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice | None = None
@@ -253,16 +250,26 @@ class Metric(Strict):
     unit: str | None = Field(default=None, max_length=40, description=(
         "The column's unit (e.g. minutes), used when explain-budget states accuracy in the column's terms."))
 
-    @field_validator("bounds", mode="before")
+    @field_validator("bounds", mode="wrap")
     @classmethod
-    def _pair(cls, value: object) -> object:
-        # YAML and JSON give a list; the model keeps an immutable pair.
-        return tuple(value) if isinstance(value, list) else value
+    def _pair_or_auto(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        # One message for a wrong value (a union would list one per member); YAML and JSON give a
+        # list, the model keeps an immutable pair.
+        if value == "auto" or value is None:
+            return value
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise PydanticCustomError("bounds", "must be `[lower, upper]` (two numbers, both required) or `auto`")
+        try:
+            return _PAIR.validate_python(tuple(value), strict=True)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            which = ("lower", "upper")[int(first["loc"][0])]
+            raise PydanticCustomError(first["type"], f"the {which} bound: {first['msg']}") from None
 
     @field_validator("bounds")
     @classmethod
-    def _finite_ordered(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
-        if value is None:
+    def _finite_ordered(cls, value: tuple[float, float] | str | None) -> tuple[float, float] | str | None:
+        if value is None or isinstance(value, str):
             return value
         lower, upper = value
         if not (math.isfinite(lower) and math.isfinite(upper)):
@@ -273,6 +280,11 @@ class Metric(Strict):
         if max(abs(lower), abs(upper)) > BOUND_LIMIT or upper - lower < 1 / BOUND_LIMIT:
             raise ValueError(f"bounds must lie within ±{BOUND_LIMIT:g} and be at least {1 / BOUND_LIMIT:g} apart")
         return value
+
+    def fixed_bounds(self) -> tuple[float, float] | None:
+        """The bounds once they are not `auto` (the planner replaces `auto` before it plans a query)."""
+        assert self.bounds != "auto", "auto value bounds are replaced before planning"
+        return self.bounds
 
     @field_validator("q")
     @classmethod
@@ -355,6 +367,11 @@ class Query(Strict):
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice = "auto"
     output: Output
+
+    @property
+    def has_auto(self) -> bool:
+        """Some contribution or value bound is `auto`."""
+        return self.contribution_bounds.has_auto or any(m.bounds == "auto" for m in self.metrics)
 
     @property
     def input_name(self) -> str:

@@ -197,6 +197,9 @@ def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
                 f"column '{column}' is the privacy unit: a query cannot group by it (each partition "
                 "would hold one unit's rows); group by other columns")
     yield from _metric_names(query)
+    if query.contribution_bounds.auto_budget_share is not None and not query.has_auto:
+        yield ("contribution_bounds", "auto_budget_share"), (
+            "`auto_budget_share` is for `auto` bounds; no contribution or value bound of this query is `auto`")
     for index, metric in enumerate(query.metrics):
         if pure and (metric.noise or query.noise) == "gaussian":
             yield ("metrics", index, "noise"), "Gaussian noise needs delta > 0; set budget.delta or use laplace"

@@ -36,6 +36,7 @@ pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip insta
 from dprun import api
 from dprun.engines import polars_engine, spark_engine
 from dprun.errors import DataError, DprunError
+from dprun.mechanisms import bound_choice
 from dprun.mechanisms.sampling import RandomSource
 
 try:
@@ -233,16 +234,19 @@ def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spa
 def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path: Path, spark: Any) -> None:
     """Every unit's pairs have the same rows, so the pair each engine's hash picks does not change
     the contribution histogram (the partitions' pick counts do change: their bins may differ); the
-    bounds chosen, (4, 16), and the tables released are the same."""
-    from test_auto_bounds import AUTO, write_spec  # noqa: PLC0415 - the auto bounds test's data and spec
+    value histogram (a sum and a mean with `bounds: auto`) is the same integer for integer; the
+    bounds chosen, (4, 16) and the value bounds, and the tables released are the same."""
+    from test_auto_bounds import AUTO, VALUES, write_spec  # noqa: PLC0415 - the auto bounds test's data and spec
 
-    spec = write_spec(tmp_path, AUTO, public=False)
+    spec = write_spec(tmp_path, AUTO, public=False, metrics=VALUES[:3])
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
     info = validated.query_inputs["q"]
     on_polars = polars_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED), tmp_path)
     on_spark = spark_engine.contribution_profile(plan, info, RandomSource.from_seed(SEED), spark)
     assert on_polars.cells.tolist() == on_spark.cells.tolist()
+    assert on_polars.values.shape == (1, bound_choice.VALUE_CELLS) and on_polars.values.sum() > 0
+    assert on_polars.values.tolist() == on_spark.values.tolist()
     assert on_polars.sizes.sum() == on_spark.sizes.sum() == 12
     expected, actual = run_both(spec, spark)
     assert_identical(expected, actual)

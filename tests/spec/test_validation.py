@@ -305,7 +305,7 @@ SPEC_CASES: dict[str, tuple[str, list[Expect]]] = {
     ),
     "bounds_one_value": (
         edit(("bounds: [0, 60]", "bounds: [0]")),
-        [Expect(21, "queries[0].metrics[1].bounds[1]", "required")],
+        [Expect(21, "queries[0].metrics[1].bounds", "two numbers, both required")],
     ),
     "max_partitions_contributed_zero": (
         edit(("      max_partitions_contributed: 1\n", "      max_partitions_contributed: 0\n")),
