@@ -14,8 +14,10 @@ released counts as an error of 100%. The auto runs spend part of the same budget
 choice on Plume, L0 = 64, L∞ = 1) and set the value bounds of every sum and mean to `auto`, then
 to [0, u] for u on a log grid (powers of two from 4).
 
-`defaults` runs the Plume count at L0 = 64, L∞ = 1 with the spec's defaults (no `accounting`, no
-`selection` written) against `accounting: basic`, and prints the keys released and the error.
+`defaults` runs the Plume count with the spec's defaults (no `accounting`, no `selection` written)
+against `accounting: basic`, at L0 = 64, L∞ = 1 and with `auto` contribution bounds (where `auto`
+selection weighs the first bounding's bias; against `selection: gaussian_threshold` written), and
+prints the keys released and the error.
 """
 
 from __future__ import annotations
@@ -185,16 +187,25 @@ def measure(data: DataSet, runs: int, choices: list[Choice]) -> None:
 
 
 def measure_defaults(data: DataSet, runs: int) -> None:
-    print(f"\n## defaults: Plume count, L0 = 64, L∞ = 1, {runs} runs each (median of runs)")
+    print(f"\n## defaults: Plume count, {runs} runs each (median of runs)")
+    fixed = {"max_partitions_contributed": 64, "max_contributions_per_partition": 1}
+    auto = {"max_partitions_contributed": "auto", "max_contributions_per_partition": "auto"}
+    cases = [("L0 = 64, L∞ = 1, no accounting written (auto)", None, fixed, None),
+             ("L0 = 64, L∞ = 1, accounting: basic", "basic", fixed, None),
+             ("auto bounds, no accounting written", None, auto, None),
+             ("auto bounds, no accounting written, selection: gaussian_threshold", None, auto, "gaussian_threshold"),
+             ("auto bounds, accounting: basic", "basic", auto, None),
+             ("auto bounds, accounting: basic, selection: gaussian_threshold", "basic", auto, "gaussian_threshold")]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, accounting in (("no accounting written (auto)", None), ("accounting: basic", "basic")):
+        for label, accounting, bounds, selection in cases:
             spec = json.loads(json.dumps(data.spec))
             if accounting is None:
                 del spec["budget"]["accounting"]
             else:
                 spec["budget"]["accounting"] = accounting
-            spec["queries"][0]["contribution_bounds"] = {"max_partitions_contributed": 64,
-                                                         "max_contributions_per_partition": 1}
+            spec["queries"][0]["contribution_bounds"] = bounds
+            if selection is not None:
+                spec["queries"][0]["partitions"] = {"selection": selection}
             path = Path(tmp) / "spec.yaml"
             path.write_text(json.dumps(spec))
             keys, errs = [], []
@@ -203,8 +214,11 @@ def measure_defaults(data: DataSet, runs: int) -> None:
                 keys.append(result.tables["q"].height)
                 errs.append(errors(data, result.tables["q"])["records"])
             query = result.report["queries"][0]
-            print(f"  {label}: {result.report['accounting']}, {query['partitions']['selection']}: "
-                  f"{statistics.median(keys):,.0f} keys, {100 * statistics.median(errs):.2f}% on the 1,000 largest")
+            bounds_used = query["contribution_bounds"]
+            print(f"  {label}: {result.report['accounting']}, {query['partitions']['selection']}, "
+                  f"({bounds_used['max_partitions_contributed']}, {bounds_used['max_contributions_per_partition']}): "
+                  f"{statistics.median(keys):,.0f} keys, {100 * statistics.median(errs):.2f}% on the 1,000 largest",
+                  flush=True)
 
 
 def main() -> None:

@@ -129,7 +129,8 @@ def _plan_queries(
     parts = [_auto_part(q, eps, chosen.get(q.name)) for q, eps, _ in shares]
     shares = [(concrete, eps - (auto.epsilon if auto else 0.0), delta)
               for (_, eps, delta), (concrete, auto) in zip(shares, parts)]
-    mechanisms = [_located(i, _choose_selection, q, eps, delta, validated) for i, (q, eps, delta) in enumerate(shares)]
+    mechanisms = [_located(i, _choose_selection, q, eps, delta, validated, chosen.get(q.name))
+                  for i, (q, eps, delta) in enumerate(shares)]
 
     def planned(multiplier: float) -> list[QueryPlan]:
         plans = [_located(i, _plan_query, q, eps, delta, mech, multiplier, validated)
@@ -531,15 +532,19 @@ def _separate_mechanism(
     return selection.gaussian_threshold(epsilon, delta, l0, min_units)
 
 
-def _choose_selection(query: Query, epsilon: float, delta: float, validated: ValidatedSpec) -> str | None:
+def _choose_selection(query: Query, epsilon: float, delta: float, validated: ValidatedSpec,
+                      chosen: bound_choice.ChosenBounds | None = None) -> str | None:
     """The private selection mechanism for `auto`.
 
     Among the mechanisms with their own budget, the one that needs the fewest
     privacy units for a 50% keep chance. Thresholding a released count needs no
     selection budget, so it keeps smaller partitions, but its metrics come from
-    the first contribution bounding; a separate selection is preferred while it
-    needs at most SEPARATE_SELECTION_SLACK times as many units, because Plume's
-    second bounding then removes most of the bounding bias (docs/mechanisms.md).
+    the first contribution bounding. With `chosen` (the query's auto bounds, chosen
+    from DP histograms of the data) the two are compared by the estimated share of
+    the data's rows they misreport, the first bounding's bias included
+    (`_misreported_rows`); without, a separate selection is preferred while it needs
+    at most SEPARATE_SELECTION_SLACK times as many units, because Plume's second
+    bounding then removes most of the bounding bias (docs/mechanisms.md).
     """
     if _mode(query) != "private":
         return None
@@ -549,26 +554,49 @@ def _choose_selection(query: Query, epsilon: float, delta: float, validated: Val
     candidates = list(SEPARATE_SELECTIONS)
     if not gaussian_allowed(delta / 4):
         candidates.remove("gaussian_threshold")
-    scores = {name: _units_for_half(query, epsilon, delta, name, validated) for name in candidates}
+    plans = {name: _planned_with(query, epsilon, delta, name, validated) for name in candidates}
+    scores = {name: plan.selection.units_for_50pct or math.inf for name, plan in plans.items()}
     best_separate = min(candidates, key=lambda name: scores[name])
     min_units = query.partitions.min_privacy_units if query.partitions else 1
     counts = {m.kind for m in query.metrics} & {"count", "privacy_id_count"}
     if not counts or (min_units > 1 and "privacy_id_count" not in counts):
         return best_separate
-    released = _units_for_half(query, epsilon, delta, "released_count", validated)
+    counted = _planned_with(query, epsilon, delta, "released_count", validated)
+    released = counted.selection.units_for_50pct or math.inf
     second = query.partitions.second_bounding if query.partitions else True
+    if second and chosen is not None and chosen.partition_sizes:
+        separate = _misreported_rows(plans[best_separate], chosen, chosen.per_partition_dropped)
+        return best_separate if separate <= _misreported_rows(counted, chosen, chosen.dropped_share) \
+            else "released_count"
     if second and scores[best_separate] <= SEPARATE_SELECTION_SLACK * released:
         return best_separate
     return best_separate if scores[best_separate] < released else "released_count"
 
 
-def _units_for_half(query: Query, epsilon: float, delta: float, mechanism: str, validated: ValidatedSpec) -> float:
-    """Units for a 50% keep chance with `mechanism`, under the spec's accounting applied to this query alone."""
+def _misreported_rows(plan: QueryPlan, chosen: bound_choice.ChosenBounds, bias: float) -> float:
+    """The estimated share of the data's rows a plan misreports: per size of partition (the DP size
+    histogram `chosen` was made from), a partition released (its keep chance) with the relative error
+    `bias` plus its metrics' noise over their values, capped at 1; not released, 1; weighed by rows."""
+    assert plan.selection.detail is not None, "a private selection"
+    units = np.array([size for size, _ in chosen.partition_sizes])
+    partitions = np.array([count for _, count in chosen.partition_sizes])
+    rows_per_unit = chosen.typical_rows / chosen.typical_units if chosen.typical_units > 0 else 1.0
+    keep = selection.keep_probability(plan.selection.detail, np.floor(units))
+    noise = np.array([sum(_relative_std(plan, metric, n * rows_per_unit, n) for metric in plan.metrics)
+                      for n in units])
+    error = keep * np.minimum(bias + noise, 1.0) + (1.0 - keep)
+    weights = partitions * units
+    return float((weights * error).sum() / weights.sum())
+
+
+def _planned_with(query: Query, epsilon: float, delta: float, mechanism: str, validated: ValidatedSpec
+                  ) -> QueryPlan:
+    """The query planned with `mechanism`, under the spec's accounting applied to this query alone."""
     plan = _plan_query(query, epsilon, delta, mechanism, 1.0, validated)
     if validated.spec.budget.method == "pld":
         multiplier = _pld_multiplier([plan], epsilon, delta, rough=True)
         plan = _plan_query(query, epsilon, delta, mechanism, multiplier, validated)
-    return plan.selection.units_for_50pct or math.inf
+    return plan
 
 
 def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[accounting.ApproxCost]]:

@@ -17,7 +17,7 @@ from dprun.api import validate
 from dprun.mechanisms import accounting
 from dprun.mechanisms.calibration import analytic_gaussian_sigma, exact_gaussian_budget, gaussian_delta
 from dprun.mechanisms.quantile_candidates import CandidatePlan
-from dprun.plan import Plan
+from dprun.plan import Plan, SelectionPlan
 
 DATA = pl.DataFrame({"uid": ["a", "b"], "region": ["x", "y"], "value": [1.0, 2.0]})
 
@@ -295,3 +295,34 @@ def test_the_default_grid_is_whole_numbers_or_a_round_step(tmp_path: Path, dtype
     DATA.with_columns(pl.col("value").cast(dtype)).write_csv(tmp_path / "data.csv")
     plan = make_plan(validate(path))
     assert plan.queries[0].quantities[0].quantity.candidates == expected
+
+
+def test_auto_selection_weighs_the_first_boundings_bias_once_auto_bounds_are_chosen(tmp_path: Path) -> None:
+    """With DP histograms of the data (auto bounds chosen), `auto` compares released_count with a
+    separate selection by the share of rows each misreports. 100 partitions of 10^5 units: both keep
+    them all and the noise is tiny, so the first bounding's bias decides. Partitions of a size
+    released_count keeps more often than the separate selection: released_count wins despite a bias."""
+    from dprun.mechanisms.bound_choice import ChosenBounds
+    from dprun.planner import SEPARATE_SELECTIONS
+    from dprun.planner import make_plan as plan_with
+
+    body = {"budget": {"epsilon": 1.0, "delta": 1e-6, "accounting": "basic"},
+            "queries": [query("q", [{"name": "n", "kind": "count"}], group_by=["region"], l0="auto", m=1)]}
+    validated = validate(write_spec(tmp_path, body))
+
+    def selection(dropped: float, sizes: tuple[tuple[float, float], ...]) -> SelectionPlan:
+        units = sum(size * count for size, count in sizes)
+        chosen = ChosenBounds(8, 1, int(units), int(sum(c for _, c in sizes)), sizes[0][0], dropped, sizes[0][0],
+                              partition_sizes=sizes)
+        return plan_with(validated, {"q": chosen}).queries[0].selection
+
+    large = ((1e5, 100.0),)
+    assert selection(0.01, large).mechanism in SEPARATE_SELECTIONS
+    released = selection(0.0, large)
+    assert released.mechanism == "released_count"
+    separate = selection(0.01, large)
+    assert released.units_for_50pct is not None and separate.units_for_50pct is not None
+    assert released.units_for_50pct < separate.units_for_50pct
+    # Halfway between their 50% sizes released_count keeps more than half, the separate selection less.
+    middle = (released.units_for_50pct + separate.units_for_50pct) / 2
+    assert selection(0.05, ((middle, 1e5),)).mechanism == "released_count"

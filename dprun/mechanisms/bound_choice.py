@@ -159,6 +159,10 @@ class ChosenBounds:
     dropped_share: float  # estimated share of rows (units, for unit counts only) the chosen bounds drop
     typical_rows: float = 0.0  # the rows of that typical partition
     values: tuple[ChosenValues, ...] = ()  # the value bounds chosen, per metric with `bounds: auto`
+    # The share of rows L∞ alone drops at the chosen bounds (what Plume's second bounding cannot win back).
+    per_partition_dropped: float = 0.0
+    # (units of a partition, partitions of that size) per size bin above the noise floor.
+    partition_sizes: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -366,7 +370,10 @@ def choose_bounds(noisy: ContributionProfile, plan: BoundChoicePlan, relative_no
                 best = (error, l0, rows, dropped_units if plan.row_metrics == 0 else dropped_rows)
     assert best is not None
     _, l0, rows, dropped = best
-    return ChosenBounds(l0, rows, int(units), partitions, typical_units, dropped, typical_rows)
+    per_partition = _share(float((counts * (n * r - n * np.minimum(r, rows))).sum()), total_rows)
+    found = tuple((float(size), float(count)) for size, count in zip(partition_units, sizes, strict=True) if count > 0)
+    return ChosenBounds(l0, rows, int(units), partitions, typical_units, dropped, typical_rows,
+                        per_partition_dropped=per_partition if plan.row_metrics else 0.0, partition_sizes=found)
 
 
 def _share(part: float, whole: float) -> float:
