@@ -191,6 +191,8 @@ def measure_defaults(data: DataSet, runs: int) -> None:
     fixed = {"max_partitions_contributed": 64, "max_contributions_per_partition": 1}
     auto = {"max_partitions_contributed": "auto", "max_contributions_per_partition": "auto"}
     cases = [("L0 = 64, L∞ = 1, no accounting written (auto)", None, fixed, None),
+             ("L0 = 64, L∞ = 1, no accounting written, selection: gaussian_threshold", None, fixed,
+              "gaussian_threshold"),
              ("L0 = 64, L∞ = 1, accounting: basic", "basic", fixed, None),
              ("auto bounds, no accounting written", None, auto, None),
              ("auto bounds, no accounting written, selection: gaussian_threshold", None, auto, "gaussian_threshold"),

@@ -143,8 +143,11 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
              f"<p>{_partitions_text(partitions, table)}</p>"]
     keep = _keep_chart(query)
     if keep is not None:
+        counted = ("units, not rows, each in as many partitions as the bounds allow: the most a partition can need"
+                   if query.selection.mechanism == "weighted_gaussian_threshold" else
+                   "units, not rows: each unit counts once")
         parts.append(_figure(f"keep-{query.name}", keep, "Chance that a partition is released against its number "
-                             "of privacy units (units, not rows: each unit counts once)."))
+                             f"of privacy units ({counted})."))
     if table is not None:
         keys = list(query.group_by)
         columns = {m.name: [c for c in m.output_columns if c in table.columns] for m in query.metrics}
@@ -169,6 +172,9 @@ def _partitions_text(partitions: dict[str, Any], table: pl.DataFrame | None) -> 
     if partitions.get("units_for_50pct_keep") is not None:
         text += (f": a partition with {partitions['units_for_50pct_keep']} privacy units is released with 50% "
                  f"chance, with {partitions['units_for_95pct_keep']} with 95%")
+        if partitions["selection"] == "weighted_gaussian_threshold":
+            text += (" when every unit is in as many partitions as the bounds allow; with fewer when they are in "
+                     "fewer (a unit in n partitions weighs 1/√n)")
     return text + "." + released
 
 

@@ -59,7 +59,9 @@ from dprun.spec.rules import output_columns, quantile_levels
 # the shares can never make the composed total exceed the budget.
 SHARE_SAFETY = 1.0 - 2.0**-40
 T = TypeVar("T")
-SEPARATE_SELECTIONS = ("truncated_geometric", "gaussian_threshold", "laplace_threshold")
+SEPARATE_SELECTIONS = ("truncated_geometric", "weighted_gaussian_threshold", "gaussian_threshold", "laplace_threshold")
+# Selections by a noisy number against a threshold (their noise is shrunk by tight accounting).
+THRESHOLDS = (selection.NoisyThreshold, selection.WeightedGaussianThreshold)
 # How many times more units a separate selection (with Plume's second bounding) may need
 # than thresholding a released count, and still be preferred by `auto`.
 SEPARATE_SELECTION_SLACK = 1.5
@@ -325,12 +327,21 @@ def _weights(query: Query, quantities: MetricQuantities, mechanism: str | None) 
     for metric, quantities_of_metric in quantities:
         for quantity in quantities_of_metric:
             weights[quantity.id] = weights.get(quantity.id, 0.0) + metric.budget_share / len(quantities_of_metric)
-    return _Weights(weights, _selection_share(query) if mechanism is not None else 0.0)
+    return _Weights(weights, _selection_share(query, mechanism) if mechanism is not None else 0.0)
 
 
-def _selection_share(query: Query) -> float:
-    """The weight of partition selection inside its query (`partitions.budget_share`, default 1)."""
-    return query.partitions.budget_share if query.partitions is not None else 1.0
+# The default weight of a weighted selection in its query: it needs about half the budget of a plain
+# count's threshold for as many partitions, and the metrics get the rest (docs/mechanisms.md).
+WEIGHTED_SELECTION_SHARE = 0.5
+
+
+def _selection_share(query: Query, mechanism: str | None) -> float:
+    """The weight of partition selection inside its query: `partitions.budget_share`, by default 1,
+    or WEIGHTED_SELECTION_SHARE for `weighted_gaussian_threshold`."""
+    written = query.partitions.budget_share if query.partitions is not None else None
+    if written is not None:
+        return written
+    return WEIGHTED_SELECTION_SHARE if mechanism == "weighted_gaussian_threshold" else 1.0
 
 
 def _noise_choices(query: Query, metric_quantities: MetricQuantities) -> dict[str, NoiseKind | None]:
@@ -366,9 +377,9 @@ def _plan_query(
     private = mode == "private"
     epsilon_weight = sum(weights.quantities.values()) + weights.selection
     quantities = {q.id: q for _, qs in metric_quantities for q in qs}
-    kinds = _choose_noise(query, metric_quantities, weights, epsilon, delta, private)
+    kinds = _choose_noise(query, metric_quantities, weights, epsilon, delta, mechanism if private else None)
     delta_consumers = {qid: w for qid, w in weights.quantities.items() if kinds[qid] == "gaussian"}
-    selection_delta_weight = _selection_share(query) if private else 0.0
+    selection_delta_weight = _selection_share(query, mechanism) if private else 0.0
     delta_weight = sum(delta_consumers.values()) + selection_delta_weight
     noisy = []
     for qid, weight in weights.quantities.items():
@@ -439,9 +450,11 @@ def _join_plans(query: Query, validated: ValidatedSpec) -> tuple[JoinPlan, ...]:
 
 
 def _choose_noise(
-    query: Query, metric_quantities: MetricQuantities, weights: _Weights, epsilon: float, delta: float, private: bool
+    query: Query, metric_quantities: MetricQuantities, weights: _Weights, epsilon: float, delta: float,
+    mechanism: str | None,
 ) -> dict[str, NoiseKind]:
-    """Per quantity, the explicit noise, or (auto) the kind with the smaller standard deviation.
+    """Per quantity, the explicit noise, or (auto) the kind with the smaller standard deviation
+    (`mechanism`: the private selection's, None for public or global partitions).
 
     For the comparison every quantity is assumed to take a δ share; the final split gives
     the Gaussian ones more δ than assumed, which only lowers their noise further.
@@ -450,7 +463,7 @@ def _choose_noise(
     explicit = _noise_choices(query, metric_quantities)
     quantities = {q.id: q for _, qs in metric_quantities for q in qs}
     total = sum(weights.quantities.values()) + weights.selection
-    all_delta = sum(weights.quantities.values()) + (_selection_share(query) if private else 0.0)
+    all_delta = sum(weights.quantities.values()) + (_selection_share(query, mechanism) if mechanism else 0.0)
     kinds: dict[str, NoiseKind] = {}
     for qid, weight in weights.quantities.items():
         wanted = explicit[qid]
@@ -504,7 +517,7 @@ def _selection_plan(
         threshold_on, epsilon, second = target.quantity.id, 0.0, False
     else:
         detail = _separate_mechanism(mechanism, epsilon, delta, l0, min_units)
-        if isinstance(detail, selection.NoisyThreshold) and multiplier != 1.0:
+        if isinstance(detail, THRESHOLDS) and multiplier != 1.0:
             detail = selection.with_noise(detail, detail.noise.scaled(multiplier), delta - detail.noise.delta)
         second = partitions.second_bounding if partitions else True
     return SelectionPlan(
@@ -514,7 +527,7 @@ def _selection_plan(
         epsilon=epsilon,
         delta=delta,
         threshold_quantity=threshold_on,
-        threshold=detail.threshold if isinstance(detail, selection.NoisyThreshold) else None,
+        threshold=detail.threshold if isinstance(detail, THRESHOLDS) else None,
         min_privacy_units=min_units,
         second_bounding=second,
         units_for_50pct=selection.units_to_keep(detail, 0.5),
@@ -529,6 +542,8 @@ def _separate_mechanism(
         return selection.TruncatedGeometric(epsilon, delta, l0, min_units)
     if name == "laplace_threshold":
         return selection.laplace_threshold(epsilon, delta, l0, min_units)
+    if name == "weighted_gaussian_threshold":
+        return selection.weighted_gaussian_threshold(epsilon, delta, l0, min_units)
     return selection.gaussian_threshold(epsilon, delta, l0, min_units)
 
 
@@ -544,14 +559,24 @@ def _choose_selection(query: Query, epsilon: float, delta: float, validated: Val
     the data's rows they misreport, the first bounding's bias included
     (`_misreported_rows`); without, a separate selection is preferred while it needs
     at most SEPARATE_SELECTION_SLACK times as many units, because Plume's second
-    bounding then removes most of the bounding bias (docs/mechanisms.md).
+    bounding then removes most of the bounding bias (docs/mechanisms.md). The choice is
+    made with plain unit counts; a Gaussian threshold is then run on weighted counts.
     """
     if _mode(query) != "private":
         return None
     wanted = query.partitions.selection if query.partitions else "auto"
     if wanted != "auto":
         return wanted
-    candidates = list(SEPARATE_SELECTIONS)
+    chosen_name = _choose_plain_selection(query, epsilon, delta, validated, chosen)
+    # Weighted counts need as many units as plain ones at the same budget when every unit is in L0
+    # partitions (up to rounding), and fewer when units are in fewer: they replace the plain ones.
+    return "weighted_gaussian_threshold" if chosen_name == "gaussian_threshold" else chosen_name
+
+
+def _choose_plain_selection(query: Query, epsilon: float, delta: float, validated: ValidatedSpec,
+                            chosen: bound_choice.ChosenBounds | None) -> str:
+    """`_choose_selection` among the mechanisms that count each unit once, and released_count."""
+    candidates = [name for name in SEPARATE_SELECTIONS if name != "weighted_gaussian_threshold"]
     if not gaussian_allowed(delta / 4):
         candidates.remove("gaussian_threshold")
     plans = {name: _planned_with(query, epsilon, delta, name, validated) for name in candidates}
@@ -609,7 +634,7 @@ def _costs(plans: list[QueryPlan]) -> tuple[list[accounting.NoiseCost], list[acc
         select = plan.selection
         if select.mode != "private":
             continue
-        if isinstance(select.detail, selection.NoisyThreshold) and select.mechanism != "released_count":
+        if isinstance(select.detail, THRESHOLDS) and select.mechanism != "released_count":
             noise.append(_noise_cost(select.detail.noise))
             fixed.append(accounting.ApproxCost(0.0, select.delta - select.detail.noise.delta))
         else:

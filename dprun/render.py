@@ -68,6 +68,9 @@ def _selection_line(query: dict[str, Any]) -> str:
         f"a partition needs ~{p['units_for_50pct_keep']} privacy units for a 50% chance to be released, "
         f"{p['units_for_95pct_keep']} for 95%"
     )
+    if p["selection"] == "weighted_gaussian_threshold":
+        text += (" when each of its units is in max_partitions_contributed partitions; fewer when they are in fewer "
+                 "(a unit in n partitions weighs 1/√n)")
     if p["threshold_on"]:
         text += f"; threshold {_num(p['threshold'])} on the released {p['threshold_on']}"
     if p["second_bounding"]:

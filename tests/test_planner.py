@@ -326,3 +326,32 @@ def test_auto_selection_weighs_the_first_boundings_bias_once_auto_bounds_are_cho
     # Halfway between their 50% sizes released_count keeps more than half, the separate selection less.
     middle = (released.units_for_50pct + separate.units_for_50pct) / 2
     assert selection(0.05, ((middle, 1e5),)).mechanism == "released_count"
+
+
+@pytest.mark.parametrize(("delta", "expected"), [(1e-6, "weighted_gaussian_threshold"), (1e-11, "truncated_geometric")])
+def test_auto_selection_prefers_weighted_counts_to_plain_gaussian_ones(tmp_path: Path, delta: float,
+                                                                       expected: str) -> None:
+    """At the same budget weighted counts need as many units as plain ones at worst (every unit in L0
+    partitions) and fewer otherwise, so `auto` takes them where Gaussian noise is allowed (δ/4 ≥ 2^-30),
+    with half the weight of a plain selection by default."""
+    def selection_of(partitions: dict[str, object] | None) -> SelectionPlan:
+        extra = {"partitions": partitions} if partitions else {}
+        return planned(tmp_path, {
+            "budget": {"epsilon": 1.0, "delta": delta, "accounting": "basic"},
+            "queries": [query("q", [{"name": "s", "kind": "sum", "column": "value", "bounds": [0, 10]}], l0=8,
+                              group_by=["region"], **extra)],
+        }).queries[0].selection
+
+    chosen = selection_of(None)
+    assert chosen.mechanism == expected
+    if expected != "weighted_gaussian_threshold":
+        return
+    plain = selection_of({"selection": "gaussian_threshold"})
+    same_budget = selection_of({"selection": "weighted_gaussian_threshold", "budget_share": 1})
+    # Weights 1 (sum) and 0.5 (selection): the selection gets 1/3 of ε by default, 1/2 with budget_share 1.
+    assert chosen.epsilon == pytest.approx(1 / 3, rel=1e-9) and plain.epsilon == pytest.approx(0.5, rel=1e-9)
+    assert same_budget.epsilon == pytest.approx(plain.epsilon, rel=1e-12)
+    assert same_budget.units_for_50pct is not None and plain.units_for_50pct is not None
+    assert same_budget.units_for_50pct <= 1.02 * plain.units_for_50pct
+    assert same_budget.threshold is not None and plain.threshold is not None
+    assert same_budget.threshold < plain.threshold / 2  # in counts of weight: 1/√8 per unit at worst

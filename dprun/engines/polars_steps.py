@@ -17,6 +17,8 @@ from dprun.mechanisms.quantities import Quantity
 
 GLOBAL_KEY = "__dprun_partition__"
 UNITS = "__dprun_units__"
+# A partition's selection weight (`weighted_gaussian_threshold`): Σ over its units of w(partitions of the unit).
+SELECTION_WEIGHTS = "__dprun_selection_weights__"
 LEAF = "__dprun_leaf__"
 WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"

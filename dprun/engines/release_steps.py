@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import polars as pl
 
-from dprun.engines.polars_steps import GLOBAL_KEY, UNITS
+from dprun.engines.polars_steps import GLOBAL_KEY, SELECTION_WEIGHTS, UNITS
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import NoisePlan, add_noise
 from dprun.mechanisms.quantile_candidates import (
@@ -38,7 +38,8 @@ def partition_keys(plan: QueryPlan) -> list[str]:
 
 
 def chosen_partitions(plan: QueryPlan, unit_counts: pl.DataFrame, source: RandomSource) -> pl.DataFrame:
-    """The keys private partition selection keeps, from col : (keys, privacy units after the first bounding).
+    """The keys private partition selection keeps, from col : (keys, privacy units after the first
+    bounding, and for a weighted selection SELECTION_WEIGHTS).
 
     Sorted by key first, so that random draws are assigned in the same order whatever the
     engine or the sharding.
@@ -46,8 +47,14 @@ def chosen_partitions(plan: QueryPlan, unit_counts: pl.DataFrame, source: Random
     keys = partition_keys(plan)
     assert plan.selection.detail is not None, "a private selection's plan names its mechanism"
     unit_counts = unit_counts.sort(keys, nulls_last=True)
-    keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source)
+    weights = unit_counts[SELECTION_WEIGHTS].to_numpy() if SELECTION_WEIGHTS in unit_counts.columns else None
+    keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source, weights)
     return unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+
+
+def weighs_units(plan: QueryPlan) -> bool:
+    """The selection needs each partition's SELECTION_WEIGHTS besides its unit count."""
+    return isinstance(plan.selection.detail, selection.WeightedGaussianThreshold)
 
 
 def public_keys(plan: QueryPlan) -> pl.DataFrame:

@@ -45,10 +45,17 @@ from dprun.engines.codes import (
     RangeCodes,
     shard_unit_codes,
 )
-from dprun.engines.polars_steps import UNITS, collect, row_units, scaled_partial, sink
+from dprun.engines.polars_steps import (
+    SELECTION_WEIGHTS,
+    UNITS,
+    collect,
+    row_units,
+    scaled_partial,
+    sink,
+)
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
-from dprun.mechanisms import bound_choice
+from dprun.mechanisms import bound_choice, selection
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
@@ -195,7 +202,10 @@ class SortedBounding:
         self.quantile_plans = [q for q in plan.quantities if q.quantity.is_quantile]
         self.leaf_columns = [sorted_quantiles.leaf_column(i) for i in range(len(self.quantile_plans))]
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
-        ids = [q.id for q in self.quantities]
+        self.weighted = release_steps.weighs_units(plan)
+        # The sums kept per key: each quantity's, and for a weighted selection the units' weights.
+        self.ids = [q.id for q in self.quantities] + ([SELECTION_WEIGHTS] if self.weighted else [])
+        ids = self.ids
         self.chosen: np.ndarray | None = None
         self.rebound = False
         keep_freed_memory()
@@ -235,6 +245,10 @@ class SortedBounding:
         unit_code = pair_packed >> self.codes.key_bits
         key_code = pair_packed & ((1 << self.codes.key_bits) - 1)
         user_starts, per_unit = _runs(unit_code)
+        if self.weighted:
+            # Every pair of a unit weighs w(partitions it keeps); a heavy unit's first bounding keeps L0.
+            kept = np.minimum(per_unit, self.plan.max_partitions)
+            partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(kept), per_unit)
         is_heavy = per_unit > self.plan.max_partitions
         # Light units' totals: all pairs', less the heavy units' (a small share).
         totals.light.add(key_code, partials)
@@ -297,7 +311,7 @@ class SortedBounding:
         if ranked.height == 0:
             return
         kept = self._kept(ranked, chosen)
-        totals.add(ranked["key"].to_numpy()[kept], {q.id: ranked[q.id].to_numpy()[kept] for q in self.quantities})
+        totals.add(ranked["key"].to_numpy()[kept], {qid: ranked[qid].to_numpy()[kept] for qid in totals.sums})
 
     def _kept(self, ranked: pl.DataFrame, chosen: np.ndarray | None) -> np.ndarray:
         """The rows of the ranked heavy pairs each unit keeps: its L0 first-ranked pairs, among
@@ -319,10 +333,15 @@ class SortedBounding:
         self._add_kept(totals, pl.read_ipc(path), self.chosen)
 
     def unit_counts(self) -> pl.DataFrame:
-        """col : (key, privacy units after the first bounding) for keys with at least one unit."""
+        """col : (key, privacy units after the first bounding, and for a weighted selection the sum of
+        their weights) for keys with at least one unit."""
         units = self.light.units + self.first_heavy.units
         present = np.flatnonzero(units)
-        return self.codes.keys.values(present).with_columns(pl.Series(UNITS, units[present]))
+        found = self.codes.keys.values(present).with_columns(pl.Series(UNITS, units[present]))
+        if not self.weighted:
+            return found
+        weights = self.light.column(SELECTION_WEIGHTS, present) + self.first_heavy.column(SELECTION_WEIGHTS, present)
+        return found.with_columns(weights.cast(pl.Int64).alias(SELECTION_WEIGHTS))
 
     def restrict(self, chosen: pl.DataFrame, rebound: bool) -> None:
         """Keep the chosen partitions only; with `rebound`, bound heavy units again among them (Plume)."""

@@ -52,9 +52,9 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import release_steps
-from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, UNITS, WEIGHT, truncation_key
+from dprun.engines.polars_steps import GLOBAL_KEY, LEAF, PARTITION, SELECTION_WEIGHTS, UNITS, WEIGHT, truncation_key
 from dprun.errors import DataError, DprunError, ExitCode
-from dprun.mechanisms import bound_choice
+from dprun.mechanisms import bound_choice, selection
 from dprun.mechanisms.bound_choice import ContributionProfile
 from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
@@ -352,9 +352,8 @@ def _bounded_sums(
     bounded = _cross_partition_bound(partials, plan, keys, seed)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        # col : (partition keys, privacy units after the first bounding), collected once
-        counts = bounded.groupBy(*_cols(keys)).agg(F().count(F().lit(1)).alias(UNITS))
-        chosen = release_steps.chosen_partitions(plan, _collect(counts, {**key_schema, UNITS: pl.Int64}), source)
+        # col : (partition keys, privacy units after the first bounding[, their weights]), collected once
+        chosen = release_steps.chosen_partitions(plan, _unit_counts(bounded, plan, keys, key_schema), source)
         chosen_frame = _to_spark(spark, chosen)
         if plan.selection.second_bounding:
             bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
@@ -494,6 +493,33 @@ def _partials(rows: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
     # a shuffle for each. Hash partitioning is deterministic, so a retried task gets the same rows.
     by_unit = rows.repartition(*_cols(plan.privacy_unit))
     return by_unit.groupBy(*_cols([*plan.privacy_unit, *keys])).agg(*aggregations)
+
+
+def _unit_counts(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]) -> pl.DataFrame:
+    """Per partition, its privacy units after the first bounding (one row per kept pair in `bounded`)
+    and, for a weighted selection, the sum of their weights w(partitions each unit keeps)."""
+    from pyspark.sql import Window
+
+    f = F()
+    schema = {**key_schema, UNITS: pl.Int64}
+    if not release_steps.weighs_units(plan):
+        return _collect(bounded.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS)), schema)
+    kept = f.count(f.lit(1)).over(Window.partitionBy(*_cols(plan.privacy_unit)))
+    weighed = bounded.withColumn(SELECTION_WEIGHTS, _unit_weight(kept))
+    counts = weighed.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS),
+                                               f.sum(SELECTION_WEIGHTS).alias(SELECTION_WEIGHTS))
+    return _collect(counts, {**schema, SELECTION_WEIGHTS: pl.Int64})
+
+
+def _unit_weight(partitions: Column) -> Column:
+    """`selection.unit_weights` in Spark: floor(2^B / √n) from the double square root, then made exact
+    by the same integer checks (w² · n ≤ 2^2B < (w + 1)² · n)."""
+    f = F()
+    one = 1 << (2 * selection.SELECTION_WEIGHT_BITS)
+    n = partitions.cast("long")
+    guess = f.floor(f.lit(float(1 << selection.SELECTION_WEIGHT_BITS)) / f.sqrt(n.cast("double"))).cast("long")
+    lowered = f.when(guess * guess * n > one, guess - 1).otherwise(guess)
+    return f.when((lowered + 1) * (lowered + 1) * n <= one, lowered + 1).otherwise(lowered)
 
 
 def _floor_div(numerator: Column, denominator: Column) -> Column:

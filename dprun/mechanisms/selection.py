@@ -25,6 +25,12 @@ Mechanisms ([DPP21], "Private partition selection"):
   is released.
 * `released_count_threshold`: the same rule on a count a metric releases anyway,
   which costs δ only.
+* `weighted_gaussian_threshold`: Gaussian thresholding of weighted unit counts, the
+  weighted Gaussian policy of Gopi et al. 2020 ("Differentially private set union",
+  Section 5): a unit kept in n partitions adds w(n) ≈ 1/√n to each, so its weights have
+  L2 norm at most 1 whatever n ≤ L0, and the noise is calibrated for an L2 sensitivity
+  of 1 instead of √L0. A unit in few partitions weighs more than with plain counting
+  scaled by 1/√L0; one in L0 partitions the same.
 
 Tail probabilities that decide a threshold are exact (discrete Laplace) or
 bounded from above (lattice Gaussian), and required to sit below the target
@@ -87,7 +93,30 @@ class NoisyThreshold:
     contribution: int = 1
 
 
-SelectionMechanism = TruncatedGeometric | NoisyThreshold
+# Weights are counted in units of 2**-SELECTION_WEIGHT_BITS: w(n) = floor(2**B / √n), exactly.
+SELECTION_WEIGHT_BITS = 20
+
+
+@dataclass(frozen=True)
+class WeightedGaussianThreshold:
+    """Keep a partition when its units' weights plus lattice Gaussian `noise` reach `threshold`.
+
+    A unit in n partitions after the first bounding (n ≤ L0 = `max_partitions`) adds
+    `unit_weights(n)` to each: n · w(n)² ≤ 1, an L2 sensitivity of one count for the weight
+    vector of the partitions that exist either way (`noise`, for (ε, δ/2)). A partition only
+    the unit makes eligible (k − 1 other units, each adding at most 1) is kept with
+    probability at most δ/(2n) per partition, for every n (`weighted_threshold`): at most n
+    such partitions, δ/2 in all. Weights and threshold are in counts (`threshold`), the noise
+    on a grid of the weights' units or finer.
+    """
+
+    noise: NoisePlan
+    threshold: float
+    max_partitions: int
+    pre_threshold: int = 1
+
+
+SelectionMechanism = TruncatedGeometric | NoisyThreshold | WeightedGaussianThreshold
 
 
 def laplace_threshold(epsilon: float, delta: float, max_partitions: int, pre_threshold: int = 1) -> NoisyThreshold:
@@ -112,8 +141,60 @@ def released_count_threshold(
     return NoisyThreshold(noise, threshold_for(noise, delta, contribution, pre_threshold), pre_threshold, contribution)
 
 
-def with_noise(m: NoisyThreshold, noise: NoisePlan, delta: float) -> NoisyThreshold:
+def weighted_gaussian_threshold(epsilon: float, delta: float, max_partitions: int, pre_threshold: int = 1
+                                ) -> WeightedGaussianThreshold:
+    """Lattice Gaussian noise on the weights for (ε, δ/2) at an L2 sensitivity of one count, threshold for δ/2."""
+    _check_budget(epsilon, delta, max_partitions, pre_threshold, 1)
+    noise = calibrate("gaussian", -SELECTION_WEIGHT_BITS, 1 << SELECTION_WEIGHT_BITS, 1, epsilon, delta / 2)
+    return WeightedGaussianThreshold(noise, weighted_threshold(noise, delta / 2, max_partitions, pre_threshold),
+                                     max_partitions, pre_threshold)
+
+
+def unit_weights(partitions: np.ndarray) -> np.ndarray:
+    """w(n) = floor(2**B / √n) in units of 2**-B, exactly: from the float square root, then corrected
+    with integer arithmetic (w² · n ≤ 2**2B < (w + 1)² · n)."""
+    n = np.asarray(partitions, dtype=np.int64)
+    one = np.int64(1) << np.int64(2 * SELECTION_WEIGHT_BITS)
+    w = np.floor(math.ldexp(1.0, SELECTION_WEIGHT_BITS) / np.sqrt(n.astype(np.float64))).astype(np.int64)
+    w = np.where(w * w * n > one, w - 1, w)
+    return np.where((w + 1) * (w + 1) * n <= one, w + 1, w)
+
+
+def weighted_threshold(noise: NoisePlan, delta: float, max_partitions: int, pre_threshold: int) -> float:
+    """Smallest τ (in counts) with n · P(k − 1 + w(n) + noise ≥ τ) ≤ δ for every n ≤ L0: the most
+    probable way one unit adds partitions, whatever the number n it is in.
+
+    As `threshold_for`: P(X ≥ x) ≤ P(Y ≥ x − h) for the lattice Gaussian X and the continuous
+    Y ~ N(0, σ²), h its spacing."""
+    n = np.arange(1, min(max_partitions, _EXACT_PARTITIONS) + 1)
+    step = math.ldexp(1.0, noise.grid_exponent)
+    tau = float((_weight_in_counts(n) + noise.std * _tail_z(delta / n)).max())
+    if max_partitions > _EXACT_PARTITIONS:
+        # Above, w(n) ≤ w(N + 1) and the tail's z grows with n: one bound for them all (larger, so safe).
+        tau = max(tau, float(_weight_in_counts(np.array([_EXACT_PARTITIONS + 1]))[0]
+                             + noise.std * _tail_z(np.array([delta / max_partitions]))[0]))
+    return pre_threshold - 1 + tau + step
+
+
+# weighted_threshold takes the maximum over every n up to this many partitions, and bounds the rest.
+_EXACT_PARTITIONS = 4096
+
+
+def _weight_in_counts(partitions: np.ndarray) -> np.ndarray:
+    return np.ldexp(unit_weights(partitions).astype(np.float64), -SELECTION_WEIGHT_BITS)
+
+
+def _tail_z(targets: np.ndarray) -> np.ndarray:
+    """z with P(N(0, 1) ≥ z) = target, the target lowered by the relative safety margin."""
+    return -np.array([ndtri(math.exp(math.log(t) + math.log1p(-_TAIL_SAFETY))) for t in targets])
+
+
+def with_noise(m: NoisyThreshold | WeightedGaussianThreshold, noise: NoisePlan, delta: float
+               ) -> NoisyThreshold | WeightedGaussianThreshold:
     """The same rule with other noise (tight accounting rescales it); the threshold follows."""
+    if isinstance(m, WeightedGaussianThreshold):
+        return WeightedGaussianThreshold(noise, weighted_threshold(noise, delta, m.max_partitions, m.pre_threshold),
+                                         m.max_partitions, m.pre_threshold)
     return NoisyThreshold(noise, threshold_for(noise, delta, m.contribution, m.pre_threshold),
                           m.pre_threshold, m.contribution)
 
@@ -164,6 +245,10 @@ def keep_probability(m: SelectionMechanism, units: np.ndarray) -> np.ndarray:
     if isinstance(m, TruncatedGeometric):
         phases = _geometric_phases(*_exact_partition_budget(m))
         return np.where(eligible, phases.pi(n - m.pre_threshold + 1), 0.0)
+    if isinstance(m, WeightedGaussianThreshold):
+        # The fewest weight n units can hold: each in L0 partitions.
+        least = n * math.ldexp(float(unit_weights(np.array([m.max_partitions]))[0]), -SELECTION_WEIGHT_BITS)
+        return np.where(eligible, np.exp(log_ndtr((least - m.threshold) / m.noise.std)), 0.0)
     return np.where(eligible, _noisy_threshold_keep(m, n.astype(np.float64)), 0.0)
 
 
@@ -176,17 +261,23 @@ def units_to_keep(m: SelectionMechanism, probability: float) -> int:
     )
 
 
-def select_partitions(m: SelectionMechanism, units: np.ndarray, source: RandomSource) -> np.ndarray:
+def select_partitions(m: SelectionMechanism, units: np.ndarray, source: RandomSource,
+                      weights: np.ndarray | None = None) -> np.ndarray:
     """Bool mask: which partitions to keep, drawn from `source`.
 
     Truncated geometric: an independent Bernoulli(π(n − k + 1)) per partition.
-    Noisy thresholds: n + fresh noise >= τ. Partitions with n < k are never kept.
+    Noisy thresholds: n + fresh noise >= τ; weighted: the partition's `weights` (in units of
+    2**-SELECTION_WEIGHT_BITS) + fresh noise >= τ. Partitions with n < k are never kept.
     """
     n = np.asarray(units, dtype=np.int64)
     if n.size and n.min() < 0:
         raise ValueError("units must be >= 0")
     if isinstance(m, TruncatedGeometric):
         return bernoulli(source, keep_probability(m, n))
+    if isinstance(m, WeightedGaussianThreshold):
+        assert weights is not None, "weighted selection needs the partitions' weights"
+        noisy = add_noise(pl.Series(np.asarray(weights, dtype=np.int64)), -SELECTION_WEIGHT_BITS, m.noise, source)
+        return (n >= m.pre_threshold) & (noisy >= m.threshold)
     noisy = add_noise(pl.Series(n), 0, m.noise, source)
     return (n >= m.pre_threshold) & (noisy >= m.threshold)
 

@@ -24,7 +24,8 @@ from pydantic_core import PydanticCustomError
 
 NoiseChoice = Literal["auto", "laplace", "gaussian"]
 SelectionChoice = Literal[
-    "auto", "truncated_geometric", "laplace_threshold", "gaussian_threshold", "released_count"
+    "auto", "truncated_geometric", "laplace_threshold", "gaussian_threshold", "weighted_gaussian_threshold",
+    "released_count"
 ]
 MetricKind = Literal[
     "count", "privacy_id_count", "sum", "mean", "variance", "stddev",
@@ -161,7 +162,9 @@ class Partitions(Strict):
     )
     public_file: PathText | None = Field(default=None, description="CSV/Parquet file holding the group_by columns.")
     selection: SelectionChoice = "auto"
-    budget_share: PositiveWeight = 1.0
+    budget_share: PositiveWeight | None = Field(default=None, description=(
+        "The weight of private partition selection in its query's ε and δ split. Default: 1, or 0.5 for "
+        "weighted_gaussian_threshold."))
     min_privacy_units: Annotated[int, Field(ge=1)] = 1
     second_bounding: bool = True
 

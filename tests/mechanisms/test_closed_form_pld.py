@@ -114,7 +114,7 @@ def test_too_many_discrete_losses_go_to_dp_accounting() -> None:
 
 def test_planning_a_gaussian_release_does_not_import_dp_accounting(tmp_path) -> None:
     # dp-accounting's import (scipy.signal, scipy.stats) costs more than the whole plan: the
-    # benchmark's automatic plan (Gaussian threshold and counts) must not need it.
+    # benchmark's automatic plan (a Gaussian threshold on weighted counts, and counts) must not need it.
     data = tmp_path / "rows.csv"
     data.write_text("user_id,key\n1,2\n")
     spec = tmp_path / "spec.json"
@@ -129,7 +129,7 @@ def test_planning_a_gaussian_release_does_not_import_dp_accounting(tmp_path) -> 
     code = ("import sys; from dprun import api; p = api.plan(api.validate(sys.argv[1]));"
             " print(p.queries[0].selection.mechanism, 'dp_accounting' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["gaussian_threshold", "False"]
+    assert result.stdout.split() == ["weighted_gaussian_threshold", "False"]
 
 
 def test_a_mass_at_infinity_just_under_delta_leaves_a_pure_composition() -> None:

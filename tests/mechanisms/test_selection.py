@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -488,3 +489,47 @@ def test_select_partitions_handles_empty_input_and_rejects_negative_units() -> N
 def test_threshold_tails_leave_room_for_the_sampled_gaussian() -> None:
     """The sampled Gaussian's tail is at most e**(GAUSSIAN_SAMPLER_EPSILON/2) times the exact one."""
     assert selection._TAIL_SAFETY > 100 * math.expm1(GAUSSIAN_SAMPLER_EPSILON)
+
+
+# --- weighted Gaussian threshold ------------------------------------------------------------
+
+
+def test_unit_weights_are_floor_of_two_to_the_b_over_root_n_exactly() -> None:
+    n = np.r_[np.arange(1, 20_001), [2**20 - 1, 2**20, 10**6, 3 * 10**6]]
+    expected = [math.isqrt((1 << 40) // int(k)) for k in n]
+    assert selection.unit_weights(n).tolist() == expected
+    # A unit's weights have L2 norm at most one count: n · w(n)² ≤ 2^40.
+    assert (n * selection.unit_weights(n).astype(object) ** 2 <= 1 << 40).all()
+
+
+def test_the_weighted_threshold_covers_every_number_of_partitions() -> None:
+    """τ = max over n ≤ L0 of k − 1 + w(n) + σ·z(δ/(2n)) + h, the maximum found by brute force."""
+    m = selection.weighted_gaussian_threshold(0.5, 1e-5, 30, pre_threshold=3)
+    sigma, step = m.noise.std, math.ldexp(1.0, m.noise.grid_exponent)
+    assert m.noise.l0 == 1 and m.noise.kind == "gaussian"
+    brute = max(2 + math.isqrt((1 << 40) // n) / 2**20 + sigma * -NormalDist().inv_cdf(5e-6 / n * (1 - 1e-9))
+                for n in range(1, 31))
+    assert m.threshold == pytest.approx(brute + step, rel=1e-12)
+    # Tail targets met: n · P(N(0, σ) ≥ τ − (k − 1) − w(n) − h) ≤ δ/2 for every n.
+    for n in range(1, 31):
+        w = math.isqrt((1 << 40) // n) / 2**20
+        assert n * NormalDist(0, sigma).cdf(-(m.threshold - 2 - w - step)) <= 5e-6
+    # Far more partitions than computed one by one: the bound above them keeps τ safe.
+    big = selection.weighted_gaussian_threshold(0.5, 1e-5, 10**6)
+    z = -NormalDist().inv_cdf(5e-6 / 10**6)
+    assert big.threshold >= big.noise.std * z + math.isqrt((1 << 40) // 10**6) / 2**20
+
+
+def test_weighted_selection_needs_its_weights_and_keeps_by_them() -> None:
+    m = selection.weighted_gaussian_threshold(1.0, 1e-6, 16)
+    source = RandomSource.from_seed(3)
+    with pytest.raises(AssertionError):
+        selection.select_partitions(m, np.array([5]), source)
+    one = int(selection.unit_weights(np.array([1]))[0])
+    sure = math.ceil(m.threshold + 12 * m.noise.std)
+    # The same 2 units: kept when their weights are far above τ, never when far below (12σ apart).
+    kept = selection.select_partitions(m, np.array([2, 2]), source, np.array([sure * one, 0]))
+    assert kept.tolist() == [True, False]
+    # The plan's keep curve is the worst case, every unit in L0 = 16 partitions (a quarter each).
+    n = selection.units_to_keep(m, 0.5)
+    assert (n - 1) / 4 < m.threshold <= n / 4 + 1e-9
