@@ -540,3 +540,21 @@ def test_spark_connect_releases_the_same_tables(example_copy: Path, tmp_path: Pa
     assert done.returncode == 0, done.stderr[-3000:]
     for path, before, after in zip(outputs, expected, published(), strict=True):
         assert before.equals(after), f"{path}:\npolars\n{before}\nspark connect\n{after}"
+
+
+def test_spark_computes_value_cells_and_unit_weights_as_the_mechanisms_do(spark: Any) -> None:
+    """The two formulas the Spark engine writes in its own terms give the very integers of
+    `bound_choice.value_cells` and `selection.unit_weights`, powers of two and their neighbours included."""
+    from dprun.mechanisms import selection  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    powers = [2.0**k for k in range(-24, 45)]
+    values = np.array([0.0, -0.0, 3.0, -1e-300, 5e15, *powers, *(math.nextafter(p, math.inf) for p in powers),
+                       *(math.nextafter(p, 0.0) for p in powers), *(rng.lognormal(0, 15, 3000) * rng.choice([-1, 1], 3000))])
+    partitions = np.r_[np.arange(1, 5001), [2**20 - 1, 2**20, 10**6]]
+    frame = spark.createDataFrame([(float(v), int(n)) for v, n in zip(values, np.resize(partitions, values.size))],
+                                  ["v", "n"])
+    got = frame.select(spark_engine._value_cell(spark_engine._col("v")).alias("cell"),
+                       spark_engine._unit_weight(spark_engine._col("n")).alias("w")).collect()
+    assert [row["cell"] for row in got] == bound_choice.value_cells(values).tolist()
+    assert [row["w"] for row in got] == selection.unit_weights(np.resize(partitions, values.size)).tolist()
