@@ -146,6 +146,9 @@ def weighted_gaussian_threshold(epsilon: float, delta: float, max_partitions: in
     """Lattice Gaussian noise on the weights for (ε, δ/2) at an L2 sensitivity of one count, threshold for δ/2."""
     _check_budget(epsilon, delta, max_partitions, pre_threshold, 1)
     noise = calibrate("gaussian", -SELECTION_WEIGHT_BITS, 1 << SELECTION_WEIGHT_BITS, 1, epsilon, delta / 2)
+    if noise.grid_exponent > -SELECTION_WEIGHT_BITS:
+        # Rounding several partitions' weights to a coarser grid is not covered by the L2 sensitivity of 1.
+        raise ValueError("the selection's budget share is too small for weighted_gaussian_threshold")
     return WeightedGaussianThreshold(noise, weighted_threshold(noise, delta / 2, max_partitions, pre_threshold),
                                      max_partitions, pre_threshold)
 

@@ -514,6 +514,9 @@ def test_the_weighted_threshold_covers_every_number_of_partitions() -> None:
     for n in range(1, 31):
         w = math.isqrt((1 << 40) // n) / 2**20
         assert n * NormalDist(0, sigma).cdf(-(m.threshold - 2 - w - step)) <= 5e-6
+    # Noise so large that its grid is coarser than the weights' unit: refused, not rounded.
+    with pytest.raises(ValueError, match="too small for weighted_gaussian_threshold"):
+        selection.weighted_gaussian_threshold(1e-6, 4e-9, 30)
     # Far more partitions than computed one by one: the bound above them keeps τ safe.
     big = selection.weighted_gaussian_threshold(0.5, 1e-5, 10**6)
     z = -NormalDist().inv_cdf(5e-6 / 10**6)
