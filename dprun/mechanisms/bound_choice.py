@@ -285,19 +285,23 @@ def choose_value_bounds(noisy: ContributionProfile, plan: BoundChoicePlan, typic
     partition (`typical_rows` rows of the mean magnitude). Quantiles: the edges of the lowest
     and highest bins that stand out of the noise (their answers lie among the values; a wider
     range only coarsens them). Nothing stands out: [0, 1]."""
-    floor = empty_cell_floor(plan)
     chosen = []
     for choice in plan.values:
-        weights = noisy.values[plan.value_columns.index(choice.column)] / 2**VALUE_WEIGHT_BITS
-        weights = np.where(weights >= floor, weights, 0.0)
+        weights = _value_counts(noisy.values[plan.value_columns.index(choice.column)], plan)
         mass = float((weights * np.abs(VALUE_MIDDLE)).sum())
         if weights.sum() <= 0 or (mass <= 0 and choice.aggregate is not None):
             chosen.append(ChosenValues(choice.metric, 0.0, 1.0, 0.0))
         elif choice.aggregate is None:
             chosen.append(_covering(weights, choice.metric))
         else:
-            chosen.append(_least_error(weights, choice, typical_rows * mass / float(weights.sum()), value_noise))
+            chosen.append(_least_error(weights, mass, choice, typical_rows * mass / float(weights.sum()), value_noise))
     return tuple(chosen)
+
+
+def _value_counts(weights: np.ndarray, plan: BoundChoicePlan) -> np.ndarray:
+    """A noisy value histogram in units' worth (counts), its cells below the empty-cell floor taken as empty."""
+    counts = weights / 2**VALUE_WEIGHT_BITS
+    return np.where(counts >= empty_cell_floor(plan), counts, 0.0)
 
 
 def _clipped(weights: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
@@ -307,10 +311,10 @@ def _clipped(weights: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.nd
     return below[:, None] + above[None, :]
 
 
-def _least_error(weights: np.ndarray, choice: ValueChoice, typical_value: float, value_noise: ValueNoise
-                 ) -> ChosenValues:
+def _least_error(weights: np.ndarray, mass: float, choice: ValueChoice, typical_value: float,
+                 value_noise: ValueNoise) -> ChosenValues:
     lower, upper = BOUND_CANDIDATES, BOUND_CANDIDATES
-    clipped = _clipped(weights, lower, upper) / float((weights * np.abs(VALUE_MIDDLE)).sum())
+    clipped = _clipped(weights, lower, upper) / mass
     error = clipped + value_noise(choice.metric, lower[:, None], upper[None, :]) / typical_value
     error = np.where(lower[:, None] < upper[None, :], error, np.inf)
     i, j = np.unravel_index(int(np.argmin(error)), error.shape)
@@ -390,6 +394,8 @@ def _midpoints(candidates: tuple[int, ...]) -> np.ndarray:
 
 # The levels `profile_summary` states the binned distributions at.
 PROFILE_LEVELS = (0.5, 0.9, 0.99)
+# The levels the value distributions are stated at: both tails matter to value bounds.
+VALUE_LEVELS = (0.01, 0.5, 0.99)
 
 
 def profile_summary(noisy: ContributionProfile, plan: BoundChoicePlan) -> dict[str, object]:
@@ -412,34 +418,21 @@ def profile_summary(noisy: ContributionProfile, plan: BoundChoicePlan) -> dict[s
         # Each unit's picked pair stands for its n pairs: weigh its rows bin by n.
         "rows_per_unit_and_partition": _binned_quantiles((counts * n[:, None]).sum(axis=0), plan.rows_candidates),
         "units_per_partition": _binned_quantiles(sizes, tuple(round(edge, 1) for edge in per_partition)),
-        "values": {column: _value_quantiles(np.where(weights / 2**VALUE_WEIGHT_BITS >= floor, weights, 0))
+        # The last cell is above the largest magnitude: its values are stated as "> 2^40".
+        "values": {column: _binned_quantiles(_value_counts(weights, plan), tuple(VALUE_UPPER[:-1].tolist()),
+                                             VALUE_LEVELS)
                    for column, weights in zip(plan.value_columns, noisy.values)},
     }
 
 
-# The levels the value distributions are stated at: both tails matter to value bounds.
-VALUE_LEVELS = (0.01, 0.5, 0.99)
-
-
-def _value_quantiles(weights: np.ndarray) -> dict[str, float | str | None]:
-    """Per level, the upper edge of the first value bin whose cumulative weight reaches it (`"> C"` in the
-    bin above the largest magnitude C); None without weight."""
+def _binned_quantiles(weights: np.ndarray, edges: tuple[float, ...], levels: tuple[float, ...] = PROFILE_LEVELS
+                      ) -> dict[str, float | str | None]:
+    """Per level, the upper edge of the first bin whose cumulative weight reaches it (`"> C"` in the bin
+    above the last edge C); None without weight."""
     total = float(weights.sum())
     cumulative = np.cumsum(weights)
     out: dict[str, float | str | None] = {}
-    for level in VALUE_LEVELS:
-        index = int(np.searchsorted(cumulative, level * total)) if total > 0 else -1
-        upper = float(VALUE_UPPER[index]) if index >= 0 else None
-        out[f"p{level * 100:g}"] = f"> {VALUE_UPPER[-2]:g}" if index == VALUE_CELLS - 1 else upper
-    return out
-
-
-def _binned_quantiles(weights: np.ndarray, edges: tuple[float, ...]) -> dict[str, float | str | None]:
-    """Per level, the upper edge of the first bin whose cumulative weight reaches it; None without weight."""
-    total = float(weights.sum())
-    cumulative = np.cumsum(weights)
-    out: dict[str, float | str | None] = {}
-    for level in PROFILE_LEVELS:
+    for level in levels:
         name = f"p{round(level * 100)}"
         if total <= 0:
             out[name] = None
