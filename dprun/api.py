@@ -428,6 +428,9 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
             check_rows(validated.inputs[name], every_value=True)
         raise
     except pl.exceptions.PanicException:
+        # A corrupt input can make Polars panic rather than raise: that is the data's fault.
+        for name in query.inputs:
+            check_rows(validated.inputs[name], every_value=True)
         raise DprunError(
             f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
             "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "

@@ -110,7 +110,7 @@ def corrupt_parquet_pages(folder: Path, rng: np.random.Generator, mp: pytest.Mon
     for i in range(start, start + min(chunk.total_compressed_size // 2, 4000)):
         data[i] = (i * 131 + 7) % 256
     (folder / "data.parquet").write_bytes(bytes(data))
-    return Case(write_spec(folder, spec_document()), (3,), r"data could not be processed")
+    return Case(write_spec(folder, spec_document()), (3,), r"data\.parquet: the Parquet file.s data pages cannot be decoded")
 
 
 def ragged_csv(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:

@@ -9,7 +9,8 @@ the first malformed row stops the run with its file, line and column, never its 
 A CSV value in a column the spec types (`columns`) must parse as that type. Values of
 inferred columns are Polars' to parse; when Polars stops at one without saying where,
 `run` calls `check_rows(..., every_value=True)` to find it (also for a Parquet column
-the spec types).
+the spec types, and for a Parquet file whose pages Polars could not decode: pyarrow's
+reader, a second decoder, says whether the file or Polars is at fault).
 
 `validate` runs the check, every value included, on the first SCHEMA_SAMPLE_ROWS rows.
 
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import TextIO
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo, csv_rows, typed
@@ -55,6 +58,7 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
             elif info.format == "ndjson":
                 _check_ndjson(path, info.schema, limit, every_value)
             elif every_value and limit is None:  # a whole column: never in validate's sample
+                _check_parquet_pages(path)
                 _check_parquet_types(path, info)
         except OSError as exc:
             raise DataError(f"{path}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
@@ -141,6 +145,19 @@ def _date_parser(kind: ColumnType) -> Callable[[str], bool]:
 
 def _described(kind: ColumnType) -> str:
     return kind.type + (f" with format {kind.format}" if kind.format else "")
+
+
+def _check_parquet_pages(path: Path) -> None:
+    """Every page of the file decodes. Polars panics on some corrupt pages rather than
+    raising an error, which would read as a bug in Polars; pyarrow's reader, one batch at a
+    time (bounded memory), tells a corrupt file apart."""
+    try:
+        for _ in pq.ParquetFile(path).iter_batches():
+            pass
+    except (pa.ArrowException, OSError):
+        # pyarrow's message can quote the bytes it stopped at: not shown.
+        raise DataError(f"{path}: the Parquet file's data pages cannot be decoded (a corrupt or truncated file?); "
+                        "write the file again (nothing was counted)") from None
 
 
 def _check_parquet_types(path: Path, info: InputInfo) -> None:
