@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import TextIO
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo, csv_rows, typed
@@ -151,6 +149,10 @@ def _check_parquet_pages(path: Path) -> None:
     """Every page of the file decodes. Polars panics on some corrupt pages rather than
     raising an error, which would read as a bug in Polars; pyarrow's reader, one batch at a
     time (bounded memory), tells a corrupt file apart."""
+    # Imported here: `validate` and `explain-budget` load this module and never need pyarrow.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         for _ in pq.ParquetFile(path).iter_batches():
             pass
