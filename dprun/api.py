@@ -422,15 +422,13 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
     except OSError as exc:
         # Reading an input (removed since validation?) or writing scratch files.
         raise run_failure(exc, workdir) from None
-    except DataError:
-        # Polars stopped at a value without saying where: find it, then say so.
+    except (DataError, pl.exceptions.PanicException) as exc:
+        # Polars stopped at a value without saying where, or panicked on a corrupt file rather
+        # than raising: find the input at fault, then say so.
         for name in query.inputs:
             check_rows(validated.inputs[name], every_value=True)
-        raise
-    except pl.exceptions.PanicException:
-        # A corrupt input can make Polars panic rather than raise: that is the data's fault.
-        for name in query.inputs:
-            check_rows(validated.inputs[name], every_value=True)
+        if isinstance(exc, DataError):
+            raise
         raise DprunError(
             f"query {query.name}: Polars failed internally (a bug in Polars, not in the spec or the "
             "data); its message may quote data values and is not shown (DPRUN_DEBUG=1 shows it). "
