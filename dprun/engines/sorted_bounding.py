@@ -204,8 +204,7 @@ class SortedBounding:
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
         self.weighted = release_steps.weighs_units(plan)
         # The sums kept per key: each quantity's, and for a weighted selection the units' weights.
-        self.ids = [q.id for q in self.quantities] + ([SELECTION_WEIGHTS] if self.weighted else [])
-        ids = self.ids
+        ids = [q.id for q in self.quantities] + ([SELECTION_WEIGHTS] if self.weighted else [])
         self.chosen: np.ndarray | None = None
         self.rebound = False
         keep_freed_memory()
