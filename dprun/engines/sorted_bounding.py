@@ -88,6 +88,11 @@ class _Totals:
 
     def add(self, keys: np.ndarray, partials: dict[str, np.ndarray], sign: int = 1) -> None:
         """Add (or with sign −1, take away) these pairs."""
+        if _is_sparse(keys, self.units.size):
+            np.add.at(self.units, keys, sign)
+            for qid, values in partials.items():
+                self.sums[qid].add_sparse(keys, values, sign)
+            return
         pairs = np.bincount(keys, minlength=self.units.size)
         if sign < 0:
             np.negative(pairs, out=pairs)
@@ -150,6 +155,18 @@ class _ExactSums:
                 np.negative(sums, out=sums)
             self._add_small(sums, reach)
 
+    def add_sparse(self, keys: np.ndarray, values: np.ndarray, sign: int) -> None:
+        """`add` for a few keys (`_is_sparse`): straight into the sums, without a per-key array for them."""
+        if values.size == 0:
+            return
+        reach = max(-int(values.min()), int(values.max())) * values.size
+        if reach >= 2**63:
+            self._add_wide(_exact_bincount(keys, values if sign > 0 else -values, self.small.size))
+            return
+        self._make_room(reach)
+        np.add.at(self.small, keys, values if sign > 0 else -values)
+        self.reach += reach
+
     def merge(self, other: _ExactSums) -> None:
         self._add_small(other.small, other.reach)
         if other.wide is not None:
@@ -160,14 +177,25 @@ class _ExactSums:
         return small if self.wide is None else small + self.wide
 
     def _add_small(self, sums: np.ndarray, reach: int) -> None:
-        if self.reach + reach >= 2**63:
-            self._add_wide(pl.Series(self.small).cast(pl.Int128))
-            self.small, self.reach = np.zeros_like(self.small), 0
+        self._make_room(reach)
         self.small += sums
         self.reach += reach
 
+    def _make_room(self, reach: int) -> None:
+        """Carry the int64 sums into Int128 if adding values of this reach could overflow them."""
+        if self.reach + reach >= 2**63:
+            self._add_wide(pl.Series(self.small).cast(pl.Int128))
+            self.small, self.reach = np.zeros_like(self.small), 0
+
     def _add_wide(self, sums: pl.Series) -> None:
         self.wide = sums if self.wide is None else self.wide + sums
+
+
+def _is_sparse(keys: np.ndarray, size: int) -> bool:
+    """Whether adding per key is cheaper straight into the running sums (np.add.at, random access
+    into them) than through a per-key array of this call's sums (np.bincount: that array is
+    allocated, zeroed and added in full, 8 bytes per key code, whatever the number of pairs)."""
+    return keys.size * 4 < size
 
 
 def _exact_bincount(keys: np.ndarray, values: np.ndarray, size: int) -> pl.Series:
@@ -197,8 +225,12 @@ class SortedBounding:
         self.plan = plan
         self.codes = codes
         self.seed = seed
-        self.quantities = [q.quantity for q in plan.quantities
-                           if q.quantity.aggregate != "privacy_units" and not q.quantity.is_quantile]
+        summed = [q.quantity for q in plan.quantities
+                  if q.quantity.aggregate != "privacy_units" and not q.quantity.is_quantile]
+        # A count of rows bounded to one row per pair adds one per pair, as the units do: its
+        # sums are the units', so it is not summed apart.
+        self.counted_as_units = {q.id for q in summed if q.aggregate == "rows" and q.column is None and plan.max_rows == 1}
+        self.quantities = [q for q in summed if q.id not in self.counted_as_units]
         self.quantile_plans = [q for q in plan.quantities if q.quantity.is_quantile]
         self.leaf_columns = [sorted_quantiles.leaf_column(i) for i in range(len(self.quantile_plans))]
         self.value_columns = sorted({q.column for q in self.quantities if q.column is not None})
@@ -360,7 +392,7 @@ class SortedBounding:
         columns = [pl.Series(UNITS, units[present])]
         for noisy in self.plan.quantities:
             qid = noisy.quantity.id
-            if noisy.quantity.aggregate == "privacy_units":
+            if noisy.quantity.aggregate == "privacy_units" or qid in self.counted_as_units:
                 columns.append(pl.Series(qid, units[present]).cast(pl.Int128))
             elif not noisy.quantity.is_quantile:
                 columns.append((self.light.column(qid, present) + heavy.column(qid, present)).alias(qid))
@@ -505,15 +537,19 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
                         " split the input")
-    # Polars' single-threaded sort, one per worker: about three times numpy's on the benchmark
-    # machine (where numpy sorts int64 at ~60 ns a row); Polars' own threads would only
-    # compete with the other workers. A frame's sort first copies its columns into one chunk
-    # each, so the codes alone are sorted as a series: one copy fewer.
     if shard.width == 1:
-        shard = shard[PACKED].sort(multithreaded=False).to_frame()
+        # numpy's sort (SIMD where the processor has it): the lone column of codes, in place
+        # where it is a copy already (a shard read from several files).
+        packed = shard[PACKED].to_numpy()
+        if packed.flags.writeable:
+            packed.sort()
+        else:
+            packed = np.sort(packed)
     else:
+        # Polars' single-threaded sort, one per worker (its own threads would only compete with
+        # the other workers), carries the other columns along.
         shard = shard.sort(PACKED, multithreaded=False)
-    packed = shard[PACKED].to_numpy()
+        packed = shard[PACKED].to_numpy()
     starts, rows = _runs(packed)
     pairs = {PACKED: packed[starts], ROWS: rows, STARTS: starts}
     for column in [name for name in shard.columns if name != PACKED]:

@@ -240,7 +240,8 @@ def test_exact_bincount_matches_python_integers(scale: int) -> None:
 
 def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
     """Sums of two keys that pass 2^63 (so int64 must be carried into Int128), with take-aways,
-    values large enough to need splitting, pair counts, and two accumulators merged."""
+    values large enough to need splitting, pair counts, adds through np.bincount and straight
+    into the sums (`add_sparse`), and two accumulators merged."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     halves = [sorted_bounding._ExactSums(2), sorted_bounding._ExactSums(2)]
@@ -253,13 +254,40 @@ def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
             values = rng.integers(2**49, 2**50, keys.size)  # sums past 2^53: split into parts
         else:
             values = rng.integers(2**45, 2**46, keys.size)  # each add's bound just under 2^53
+        if step % 13 == 0:
+            values = rng.integers(2**57, 2**58, keys.size)  # one add's bound past 2^63: summed in Int128 at once
         sign = -1 if step % 10 == 0 else 1
-        halves[step % 2].add(keys, values, sign * np.bincount(keys, minlength=2), sign)
+        if step % 3 == 0:
+            halves[step % 2].add_sparse(keys, values, sign)
+        else:
+            halves[step % 2].add(keys, values, sign * np.bincount(keys, minlength=2), sign)
         for key, value in zip(keys.tolist(), values.tolist(), strict=True):
             expected[key] += sign * value
     assert min(expected) > 2**64, f"seed={seed}: each accumulator's sums must pass int64 for the test to mean anything"
     halves[0].merge(halves[1])
     assert halves[0].total().to_list() == expected, f"seed={seed}: per-key sums differ"
+
+
+def test_totals_add_few_and_many_pairs_alike() -> None:
+    """Pairs added straight into the running totals (few of them) or through a per-key count
+    (many) give the same units and sums, taken away too."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    size = 1000
+    totals = sorted_bounding._Totals.zeros(size, ["q"])
+    units, sums = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    paths = set()
+    for pairs in [10, 5000, 200, 3000, 50]:
+        keys = rng.integers(0, size, pairs)
+        values = rng.integers(-1000, 1000, pairs)
+        sign = -1 if pairs == 200 else 1
+        paths.add(sorted_bounding._is_sparse(keys, size))
+        totals.add(keys, {"q": values}, sign)
+        np.add.at(units, keys, sign)
+        np.add.at(sums, keys, sign * values)
+    assert paths == {True, False}, "both ways of adding must run"
+    assert totals.units.tolist() == units.tolist(), f"seed={seed}: units differ"
+    assert totals.sums["q"].total().to_list() == sums.tolist(), f"seed={seed}: sums differ"
 
 
 @pytest.mark.parametrize("family", ["string", "compound", "two_keys", "date_key", "wide_ints"])
