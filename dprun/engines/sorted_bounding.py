@@ -61,6 +61,7 @@ from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
 
 SHARD = "__dprun_shard__"
+MIXED = "__dprun_mixed__"
 STARTS = "__dprun_starts__"
 VALUE = "__dprun_value_"  # + the index of a value column the contribution profile reads
 R = TypeVar("R")
@@ -244,7 +245,7 @@ class SortedBounding:
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
         # Units not coded by range are coded once their shard is in memory (`_packed`).
-        loads = _shards(_packed_frame(rows, codes, *self.value_columns, *leaves), codes, seed, workdir)
+        loads = _shards(rows, codes, seed, workdir, [*self.value_columns, *leaves])
         work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
         outputs, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
@@ -259,12 +260,12 @@ class SortedBounding:
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return shard.select(PACKED, *present, *values, *self.leaf_columns)
 
-    def _bound_shard(self, load: Callable[[], pl.DataFrame], files: _ShardOutput, totals: _WorkerTotals
+    def _bound_shard(self, load: _Shard, files: _ShardOutput, totals: _WorkerTotals
                      ) -> _ShardOutput:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
         heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
         are returned (the names of those written)."""
-        shard, unit_values = self._packed(load())
+        shard, unit_values = self._packed(load)
         pairs = _pair_sums(self._row_values(shard), carried=self.leaf_columns)
         del shard
         leaves = [pairs.pop(column) for column in self.leaf_columns]
@@ -302,7 +303,7 @@ class SortedBounding:
         ranked.write_ipc(files.heavy, compression="uncompressed")
         return files
 
-    def _packed(self, shard: pl.DataFrame) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+    def _packed(self, shard: _Shard) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
         return _packed(shard, self.codes, self.seed)
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
@@ -430,22 +431,31 @@ class _ShardOutput:
         return cls(*(folder / f"{kind}-{index}.arrow" for kind in ("heavy", "leaves", "heavy-leaves")))
 
 
-def _packed(shard: pl.DataFrame, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
-    """The shard with its packed codes, and how to find the values of a unit from its code."""
+def _packed(loaded: _Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+    """The shard's rows with their packed codes, and how to find the values of a unit from its code there."""
     units = codes.units
+    shard = loaded.load()
+    mix = loaded.mix
     if isinstance(units, RangeCodes):
-        return shard, units.values
+        if mix is None:
+            return shard, units.values
+        shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
+        return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
     shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
     shard = shard.with_columns(codes.packed(pl.col(UNIT)))
     return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
 
 
-def _packed_frame(rows: pl.LazyFrame, codes: Codes, *extra: str | pl.Expr) -> pl.LazyFrame:
+def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: _UnitMix | None, extra: Sequence[str | pl.Expr]
+                  ) -> pl.LazyFrame:
     """The rows as they go to the shards: packed codes (or the unit columns and the key code,
-    packed per shard), then `extra` columns."""
+    packed per shard), with their shard where `mix` says it, then `extra` columns."""
     keyed = codes.keys.attach(rows)
     if isinstance(codes.units, RangeCodes):
-        return keyed.select(codes.packed(codes.units.code()), *extra)
+        if mix is None:
+            return keyed.select(codes.packed(codes.units.code()), *extra)
+        return keyed.with_columns(mix.mixed(codes.units.code())).select(
+            codes.packed(pl.col(MIXED)), mix.shard(pl.col(MIXED)), *extra)
     return keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *(c for c in extra if isinstance(c, str))]),
                         *(c for c in extra if not isinstance(c, str)))
 
@@ -478,15 +488,14 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     assert choice is not None, "a query with auto bounds"
     shard_seed, pick_seed = seeds
     value_columns = {f"{VALUE}{i}": pl.col(c).cast(pl.Float64) for i, c in enumerate(choice.value_columns)}
-    loads = _shards(_packed_frame(rows, codes, *(e.alias(n) for n, e in value_columns.items())), codes, shard_seed,
-                    workdir)
+    loads = _shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()])
 
     def new_profile() -> _Profile:
         return _Profile(np.zeros(choice.shape, dtype=np.int64), np.zeros(codes.keys.count, dtype=np.int64),
                          np.zeros((len(value_columns), bound_choice.VALUE_CELLS), dtype=np.int64))
 
-    def profile_shard(load: Callable[[], pl.DataFrame], found: _Profile) -> None:
-        shard, unit_values = _packed(load(), codes, shard_seed)
+    def profile_shard(load: _Shard, found: _Profile) -> None:
+        shard, unit_values = _packed(load, codes, shard_seed)
         if value_columns:
             units = shard[PACKED].to_numpy() >> codes.key_bits
             for index, name in enumerate(value_columns):
@@ -537,6 +546,7 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
                         " split the input")
+    order: np.ndarray | None = None
     if shard.width == 1:
         # numpy's sort (SIMD where the processor has it): the lone column of codes, in place
         # where it is a copy already (a shard read from several files).
@@ -545,6 +555,8 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
             packed.sort()
         else:
             packed = np.sort(packed)
+    elif (found := _sorted_with_places(shard)) is not None:
+        packed, order = found
     else:
         # Polars' single-threaded sort, one per worker (its own threads would only compete with
         # the other workers), carries the other columns along.
@@ -553,7 +565,7 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
     starts, rows = _runs(packed)
     pairs = {PACKED: packed[starts], ROWS: rows, STARTS: starts}
     for column in [name for name in shard.columns if name != PACKED]:
-        values = shard[column].to_numpy()
+        values = shard[column].to_numpy() if order is None else shard[column].to_numpy()[order]
         if column in carried:
             pairs[column] = values
         elif starts.size:
@@ -561,6 +573,26 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
         else:
             pairs[column] = values[:0].astype(np.int64)
     return pairs
+
+
+def _sorted_with_places(shard: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """The shard's packed codes sorted, and the order of its rows that sorts them; None where a
+    code and a row's place in the shard do not fit one Int64 together.
+
+    numpy sorts each code and its row's place as one number, code above place: the places
+    are then the order. That takes a third of the time of Polars' sort of the frame, which
+    spends most of it finding that order (gathering the columns in that order comes on top).
+    `_UnitMix` keeps codes short enough.
+    """
+    if shard.height == 0:
+        return None
+    codes = shard[PACKED].to_numpy()
+    place_bits = max(1, (shard.height - 1).bit_length())
+    if int(codes.min()) < 0 or int(codes.max()).bit_length() + place_bits > 63:
+        return None
+    keyed = (codes << place_bits) | np.arange(shard.height, dtype=np.int64)
+    keyed.sort()
+    return keyed >> place_bits, keyed & ((1 << place_bits) - 1)
 
 
 def _present(column: str) -> str:
@@ -595,22 +627,90 @@ def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     return np.arange(sorted_values.size) - np.repeat(starts, lengths)
 
 
-def _shards(frame: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> list[Callable[[], pl.DataFrame]]:
-    """Loaders of the packed rows in shards of whole units, each small enough to sort in memory."""
+@dataclass(frozen=True)
+class _Shard:
+    """A shard: how to load its rows, its number, and the mix its range-coded units went through (if any)."""
+
+    load: Callable[[], pl.DataFrame]
+    index: int = 0
+    mix: _UnitMix | None = None
+
+
+@dataclass(frozen=True)
+class _UnitMix:
+    """Range-coded units spread over `count` shards by a secret bijection of their codes.
+
+    A unit code u below 2^bits is mixed into m, below 2^bits too (multiplied by an odd number,
+    its top half xored into its bottom half, multiplied again, all mod 2^bits: each step a
+    bijection, as in the finalizers of MurmurHash); its shard is m's top part ⌊m · count /
+    2^bits⌋, and within its shard it is coded m less the shard's first m: log2(count) bits
+    fewer than u, so that a shard's codes and row places fit one Int64 for numpy to sort
+    (`_sorted_with_places`). The multipliers come from the run's secret; the mix spreads ids
+    with a common stride (all even, all multiples of 1,000) over every shard. Shards only
+    gather a unit's rows, they never decide what counts.
+    """
+
+    bits: int
+    multipliers: tuple[int, int]
+    count: int
+
+    @classmethod
+    def of(cls, units: RangeCodes, count: int, seed: int) -> _UnitMix | None:
+        """The mix of these units over `count` shards; None where u · multiplier could pass Int64."""
+        bits = max(1, units.bits)
+        if bits > 31:
+            return None
+        # Odd, with the top bit set: the product wraps for every unit code but 0 and 1.
+        first, second = (part % (1 << bits) | 1 | 1 << (bits - 1) for part in (seed, seed >> 32))
+        return cls(bits, (first, second), count)
+
+    def mixed(self, unit_code: pl.Expr) -> pl.Expr:
+        """m, the mixed code of each row's unit (`MIXED`)."""
+        mask = (1 << self.bits) - 1
+        mixed = unit_code * self.multipliers[0] & mask
+        return ((mixed ^ mixed // self._half) * self.multipliers[1] & mask).alias(MIXED)
+
+    def shard(self, mixed: pl.Expr) -> pl.Expr:
+        """Each row's shard; a row outside the ranges (a null code) goes to the first, whose sort then fails the run."""
+        return (mixed * self.count // (1 << self.bits)).fill_null(0).alias(SHARD)
+
+    def first(self, shard: int) -> int:
+        """The first mixed code of a shard: ⌈shard · 2^bits / count⌉."""
+        return (shard * (1 << self.bits) + self.count - 1) // self.count
+
+    def unit_codes(self, shard: int, within: np.ndarray) -> np.ndarray:
+        """The query's unit codes of codes within a shard."""
+        below = 1 << self.bits
+        first, second = (pow(m, -1, below) for m in self.multipliers)
+        mixed = (within + self.first(shard)) * second % below
+        # x ^ (x >> h) is its own inverse when 2h ≥ bits: the bits shifted in come from the half it leaves alone.
+        return (mixed ^ mixed // self._half) * first % below
+
+    @property
+    def _half(self) -> int:
+        return 1 << (self.bits + 1) // 2
+
+
+def _shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr]
+            ) -> list[_Shard]:
+    """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort in memory."""
     count = max(1, math.ceil(codes.rows / SHARD_ROWS))
+    # A shard of codes alone is sorted as it is (`_pair_sums`): mixing units would only cost time.
+    mix = _UnitMix.of(codes.units, count, seed) if isinstance(codes.units, RangeCodes) and extra and count > 1 else None
+    frame = _packed_frame(rows, codes, mix, extra)
     if count == 1:
-        return [lambda: collect(frame)]
+        return [_Shard(lambda: collect(frame))]
     files = _ShardFiles(workdir / "packed")
-    unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
-        list(codes.units.columns))
-    shard_of_unit = unit.hash(seed) % count
+    if mix is None:
+        unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
+            list(codes.units.columns))
+        frame = frame.with_columns((unit.hash(seed) % count).alias(SHARD))
     try:
-        sink(frame.with_columns(shard_of_unit.alias(SHARD)),
-             pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),
+        sink(frame, pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),
              workdir, arrow=True)
     finally:
         files.close()
-    return [partial(_load, paths) for paths in files.paths()]
+    return [_Shard(partial(_load, paths), shard, mix) for shard, paths in files.paths()]
 
 
 class _ShardFiles:
@@ -635,9 +735,9 @@ class _ShardFiles:
         self.by_shard.setdefault(shard, []).append(file)
         return file
 
-    def paths(self) -> list[list[Path]]:
-        """Each shard's files, in shard order."""
-        return [[Path(file.name) for file in files] for _, files in sorted(self.by_shard.items())]
+    def paths(self) -> list[tuple[int, list[Path]]]:
+        """Each shard with rows, and its files, in shard order."""
+        return [(shard, [Path(file.name) for file in files]) for shard, files in sorted(self.by_shard.items())]
 
     def close(self) -> None:
         for files in self.by_shard.values():

@@ -212,14 +212,20 @@ def test_ranges_too_wide_to_pack_are_coded_per_shard_and_by_table(tmp_path: Path
     ([1, 2, 3, 2], [-(2**63), 1, 2, 2], pl.Int64),  # a key whose offset overflows Int64
     ([1, 2, 3, 2], [1, 1, 2, 2**62], pl.Int64),  # a key that would carry into the unit's bits
 ])
-def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, uid: list[int], key: list[int],
-                                                     uid_type: pl.DataType) -> None:
-    """Parquet statistics are trusted only as far as every row is checked against them."""
-    frame = pl.DataFrame({"uid": uid, "key": key}, schema={"uid": uid_type, "key": pl.Int64})
+@pytest.mark.parametrize("sharded", [False, True])
+def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uid: list[int],
+                                                     key: list[int], uid_type: pl.DataType, sharded: bool) -> None:
+    """Parquet statistics are trusted only as far as every row is checked against them: in one
+    shard, and in shards of units mixed by `_UnitMix` (a sum carries a value column)."""
+    if sharded:
+        monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", 1)
+    frame = pl.DataFrame({"uid": uid, "key": key, "value": [1.0] * 4},
+                         schema={"uid": uid_type, "key": pl.Int64, "value": pl.Float64})
     lying = Codes(RangeCodes((Digit("uid", 1, 3, uid_type, nulls=False),)),
                   RangeCodes((Digit("key", 1, 2, pl.Int64(), nulls=True),)), ("key",), 4)
-    pl.DataFrame({"uid": [1], "key": [1]}).write_parquet(tmp_path / "data.parquet")
-    spec = write_spec(tmp_path, [query("q", ["key"], METRICS[:1], partitions={"public": [1, 2]})], epsilon=1.0)
+    pl.DataFrame({"uid": [1], "key": [1], "value": [1.0]}).write_parquet(tmp_path / "data.parquet")
+    metrics = [METRICS[2]] if sharded else METRICS[:1]
+    spec = write_spec(tmp_path, [query("q", ["key"], metrics, partitions={"public": [1, 2]})], epsilon=1.0)
     plan = api.plan(api.validate(spec)).queries[0]
     with pytest.raises(DataError, match="statistics do not match"):
         sorted_bounding.SortedBounding(plan, frame.lazy(), lying, 1, tmp_path)
@@ -341,3 +347,61 @@ def test_shard_unit_codes_tell_every_unit_apart(bits: int) -> None:
     pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
     assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
     assert int(codes.max()) < 2**bits if bits == 40 else int(codes.max()) == pairs.height - 1, f"seed={seed}"
+
+
+@pytest.mark.parametrize("bits,count", [(1, 2), (7, 48), (20, 3), (24, 48), (31, 500)])
+def test_unit_mix_is_a_bijection_onto_short_codes(bits: int, count: int) -> None:
+    """Every unit code lands in one shard, coded there below ⌈2^bits / count⌉ once the shard's
+    first mixed code is taken away, and that code turns back into it."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    units = np.unique(np.concatenate([[0, (1 << bits) - 1], rng.integers(0, 1 << bits, 20_000)]))
+    mix = sorted_bounding._UnitMix(bits, (int(rng.integers(0, 1 << bits)) | 1, int(rng.integers(0, 1 << bits)) | 1),
+                                   count)
+    frame = pl.DataFrame({"u": units}).with_columns(mix.mixed(pl.col("u"))).with_columns(
+        mix.shard(pl.col(sorted_bounding.MIXED)))
+    shards, mixed = frame[sorted_bounding.SHARD].to_numpy(), frame[sorted_bounding.MIXED].to_numpy()
+    assert shards.min() >= 0 and shards.max() < count, f"seed={seed}: a shard out of range"
+    assert len(set(mixed.tolist())) == units.size and mixed.max() < 1 << bits, f"seed={seed}: not a bijection"
+    for s in np.unique(shards).tolist():
+        within = mixed[shards == s] - mix.first(s)
+        assert within.min() >= 0 and within.max() < -(-(1 << bits) // count), f"seed={seed}: shard {s}: codes too long"
+        assert (mix.unit_codes(s, within) == units[shards == s]).all(), f"seed={seed}: shard {s}: units not recovered"
+
+
+def test_unit_mix_spreads_strided_ids_over_every_shard() -> None:
+    """Ids with a common stride (multiples of 1,000; of 2^10) fill every one of 48 shards to
+    within half of the mean, for each of twenty fixed secrets (deterministic: no seed)."""
+    for stride in [1000, 1 << 10]:
+        units = np.arange(0, 200_000 * stride, stride)
+        bits = int(units.max()).bit_length()
+        for secret in range(20):  # 0 included: the multipliers are never 1
+            mix = sorted_bounding._UnitMix.of(RangeCodes((Digit("uid", 0, 1 << bits, pl.Int64(), nulls=False),)),
+                                              48, secret * 7_919_000_003)
+            assert mix is not None
+            shards = pl.DataFrame({"u": units}).with_columns(mix.mixed(pl.col("u"))).select(
+                mix.shard(pl.col(sorted_bounding.MIXED))).to_series()
+            sizes = np.bincount(shards.to_numpy(), minlength=48)
+            assert sizes.min() > 0.5 * sizes.mean() and sizes.max() < 1.5 * sizes.mean(), (stride, secret, sizes)
+
+
+@pytest.mark.parametrize("largest", [1000, 2**55])
+def test_pair_sums_sort_rows_with_their_values_by_places_or_by_polars(largest: int) -> None:
+    """Short codes are sorted with their row places by numpy, long ones by Polars: either way
+    every pair's rows and sums are a group-by's, in code order, and carried rows follow their codes."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    n = 5000
+    frame = pl.DataFrame({sorted_bounding.PACKED: rng.integers(0, largest, n) // (largest // 400),
+                          "a": rng.integers(-50, 50, n), "leaf": np.arange(n)})
+    frame = frame.with_columns(pl.col(sorted_bounding.PACKED) * (largest // 400))
+    assert (sorted_bounding._sorted_with_places(frame) is None) == (largest > 2**40), "the path this case means to run"
+    pairs = sorted_bounding._pair_sums(frame, carried=["leaf"])
+    truth = frame.group_by(sorted_bounding.PACKED).agg(pl.len().alias("rows"), pl.col("a").sum()).sort(
+        sorted_bounding.PACKED)
+    assert pairs[sorted_bounding.PACKED].tolist() == truth[sorted_bounding.PACKED].to_list(), f"seed={seed}"
+    assert pairs[sorted_bounding.ROWS].tolist() == truth["rows"].to_list(), f"seed={seed}: rows per pair"
+    assert pairs["a"].tolist() == truth["a"].to_list(), f"seed={seed}: sums per pair"
+    codes = frame[sorted_bounding.PACKED].to_numpy()
+    carried_codes = codes[pairs["leaf"]]
+    assert (np.diff(carried_codes) >= 0).all(), f"seed={seed}: carried rows must follow their codes"
