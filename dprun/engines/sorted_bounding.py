@@ -255,8 +255,10 @@ class SortedBounding:
         self.leaf_files = [output for output in outputs if output.light_leaves is not None]
 
     def _row_values(self, shard: pl.DataFrame) -> pl.DataFrame:
-        """A shard's packed codes, each value column's non-null flag, each value quantity's units."""
-        present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns]
+        """A shard's packed codes, each value column's non-null flag (where the shard has nulls in
+        it: else a pair's present values are its rows), each value quantity's units."""
+        present = [pl.col(c).is_not_null().cast(pl.Int32).alias(_present(c)) for c in self.value_columns
+                   if shard[c].null_count()]
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return shard.select(PACKED, *present, *values, *self.leaf_columns)
 
@@ -309,7 +311,7 @@ class SortedBounding:
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth (the Spark engine's `_partials` computes the same)."""
         m = self.plan.max_rows
-        present = pairs[ROWS if quantity.column is None else _present(quantity.column)]
+        present = pairs[ROWS] if quantity.column is None else pairs.get(_present(quantity.column), pairs[ROWS])
         if quantity.aggregate == "rows":
             return np.minimum(present, m)
         total = pairs[quantity.id]

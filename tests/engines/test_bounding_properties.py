@@ -46,6 +46,9 @@ def random_rows(rng: np.random.Generator, unit_kind: str, key_kind: str, units: 
     }
     nulls = rng.random(n) < 0.1
     columns["key"] = [None if null else k for k, null in zip(columns["key"], nulls, strict=True)]
+    # Missing values in some shards and not in others (a shard without any counts a pair's rows as its values).
+    missing = rng.random(n) < rng.choice([0.0, 0.05])
+    columns["value"] = [None if gone else v for v, gone in zip(columns["value"], missing, strict=True)]
     if unit_kind == "compound":
         columns["day"] = rng.integers(0, 2, n).tolist()
     if key_kind == "two":
