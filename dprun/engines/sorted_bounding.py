@@ -148,7 +148,7 @@ class _ExactSums:
         if reach >= 2**53:
             self._add_wide(_exact_bincount(keys, values if sign > 0 else -values, self.small.size))
         elif low == high == 1:
-            # A partial of one row per pair (e.g. a count with max_contributions_per_partition 1) sums to the pair count.
+            # A partial of one per pair (a count of a column with no missing value, one row per pair) sums to the pairs.
             self._add_small(pairs, reach)
         else:
             sums = np.bincount(keys, weights=values.astype(np.float64), minlength=self.small.size).astype(np.int64)
