@@ -102,8 +102,8 @@ def reference(rows: pl.DataFrame, plan: QueryPlan, seed: int, chosen: set[tuple[
                     total[q.id] += 1
                 else:
                     present = [v[q.id] for v in values if v[q.id] is not None]
-                    if present:
-                        total[q.id] += sum(present) * min(len(present), m) // len(present)
+                    # A kept pair whose values are all missing adds nothing, but its partition has the sum (0).
+                    total[q.id] += sum(present) * min(len(present), m) // len(present) if present else 0
     return {key: dict(value) for key, value in sums.items()}
 
 
