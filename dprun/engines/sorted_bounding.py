@@ -161,11 +161,12 @@ class _ExactSums:
         if values.size == 0:
             return
         reach = max(-int(values.min()), int(values.max())) * values.size
+        signed = values if sign > 0 else -values
         if reach >= 2**63:
-            self._add_wide(_exact_bincount(keys, values if sign > 0 else -values, self.small.size))
+            self._add_wide(_exact_bincount(keys, signed, self.small.size))
             return
         self._make_room(reach)
-        np.add.at(self.small, keys, values if sign > 0 else -values)
+        np.add.at(self.small, keys, signed)
         self.reach += reach
 
     def merge(self, other: _ExactSums) -> None:
