@@ -34,6 +34,9 @@ def log_ndtr(x: np.ndarray | float) -> np.ndarray:
         from scipy.special import log_ndtr as scipy_log_ndtr
 
         return np.asarray(scipy_log_ndtr(values))
+    if values.ndim == 0:
+        # Planning calls this thousands of times on one value: np.vectorize's set-up would be most of the time.
+        return np.asarray(_log_ndtr(values))
     return np.vectorize(_log_ndtr, otypes=[np.float64])(values)
 
 
