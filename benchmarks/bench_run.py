@@ -1,7 +1,7 @@
 """Wall time, peak memory and utility of `dprun run` against plain Polars baselines.
 
 Usage: python benchmarks/bench_run.py [--data benchmarks/data/synth_1e6.parquet]
-           [--cases a,b,c1,c2,c3,a3,at,a2,d1,d2,d3] [--repeat N] [--limit CASE=GB ...]
+           [--cases a,b,c1,c2,c3,a3,at,a2,d1,d2,d3,s] [--repeat N] [--limit CASE=GB ...]
            [--max-rss CASE=GB ...] [--keep DIR]
 (with dprun installed, e.g. pip install -e .; data from generate_synthetic.py)
 
@@ -27,6 +27,13 @@ group-by on the same file and the same key columns (c2's floor is (a)):
   d1  c2's spec with the text unit and key, on the text copy
   d2  c2's spec with the compound privacy unit [user_id, day] (floor: a)
   d3  c2's spec grouped by the two-column key [key, day]
+
+The lower bound of c2 on the sorted path (floor: a):
+
+  s   not private, not c2's counts: the sorted path's work per row alone, numpy reading the
+      unit and key of two row groups at a time (two at once), packing, sorting and counting
+      distinct pairs per key; no shuffle of the rows into shards of whole units, no
+      bounding, selection, noise, report or dprun start-up
 
 The specs name ../data/synth_1e6.parquet. The script always runs a temporary copy of each
 spec that names --data by absolute path and writes its outputs (and dprun's scratch
@@ -84,9 +91,10 @@ DESCRIPTIONS = {
     "d1": "dprun run, text unit and key",
     "d2": "dprun run, unit [user_id, day]",
     "d3": "dprun run, key [key, day]",
+    "s": "sorted path's per-row work alone (no shuffle)",
 }
-ALL_CASES = ["a", "b", "c1", "c2", "c3", "a3", "at", "a2", "d1", "d2", "d3"]
-FLOOR = {"c1": "a", "c2": "a", "c3": "a3", "d1": "at", "d2": "a", "d3": "a2"}
+ALL_CASES = ["a", "b", "c1", "c2", "c3", "a3", "at", "a2", "d1", "d2", "d3", "s"]
+FLOOR = {"c1": "a", "c2": "a", "c3": "a3", "d1": "at", "d2": "a", "d3": "a2", "s": "a"}
 # What the d cases change in c2's spec: the privacy unit and group_by lines.
 FAMILY_EDITS = {"d2": ("privacy_unit: user_id", "privacy_unit: [user_id, day]"),
                 "d3": ("group_by: [key]", "group_by: [key, day]")}
@@ -119,7 +127,35 @@ data, out = sys.argv[1:3]
 counts = pl.scan_parquet(data).group_by("key", "day").agg(pl.len().cast(pl.Int64).alias("records"))
 counts.sink_parquet(out, engine="streaming")
 """
-BASELINES = {"a": BASELINE_A, "a3": BASELINE_A3, "at": BASELINE_A, "a2": BASELINE_A2}
+# The sorted path's work per row and nothing else (issue #20's lower bound): read the unit
+# and the key of two row groups at a time, two at once, pack them into one int64, sort, and
+# count the distinct pairs per key. No shuffle into shards (a unit whose rows straddle two
+# reads is counted twice: the counts are not c2's), no bounding, selection, noise or report.
+BASELINE_S = """
+import sys, threading, numpy as np, polars as pl, pyarrow.parquet as pq
+from concurrent.futures import ThreadPoolExecutor
+data, out = sys.argv[1:3]
+meta = pq.ParquetFile(data).metadata
+key_column = meta.schema.names.index("key")
+key_bits = max(int(meta.row_group(g).column(key_column).statistics.max) for g in range(meta.num_row_groups)).bit_length()
+local = threading.local()
+def distinct_pairs_per_key(groups):
+    if not hasattr(local, "file"):
+        local.file = pq.ParquetFile(data)
+    table = local.file.read_row_groups(groups, columns=["user_id", "key"], use_threads=False)
+    packed = (table.column("user_id").to_numpy() << key_bits) | table.column("key").to_numpy()
+    packed.sort()
+    first = np.empty(packed.size, dtype=bool)
+    first[0] = True
+    np.not_equal(packed[1:], packed[:-1], out=first[1:])
+    return np.bincount(packed[first] & ((1 << key_bits) - 1), minlength=1 << key_bits)
+groups = list(range(meta.num_row_groups))
+with ThreadPoolExecutor(2) as pool:
+    counts = sum(pool.map(distinct_pairs_per_key, [groups[i:i + 2] for i in range(0, len(groups), 2)]))
+present = np.flatnonzero(counts)
+pl.DataFrame({"key": present, "records": counts[present]}).write_parquet(out)
+"""
+BASELINES = {"a": BASELINE_A, "a3": BASELINE_A3, "at": BASELINE_A, "a2": BASELINE_A2, "s": BASELINE_S}
 BASELINE_B = f"""
 import sys, polars as pl
 data, out = sys.argv[1:3]
