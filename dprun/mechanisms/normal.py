@@ -36,7 +36,7 @@ def log_ndtr(x: np.ndarray | float) -> np.ndarray:
         return np.asarray(scipy_log_ndtr(values))
     if values.ndim == 0:
         # Planning calls this thousands of times on one value: np.vectorize's set-up would be most of the time.
-        return np.asarray(_log_ndtr(values))
+        return np.asarray(_log_ndtr(float(values)))
     return np.vectorize(_log_ndtr, otypes=[np.float64])(values)
 
 
