@@ -30,8 +30,12 @@ cache block therefore reproduces exactly the same rows and sums. Every random dr
 collected once (`.toArrow()`/`.collect()` is called once per table and its result kept).
 No Spark task can draw noise, so no recomputation can publish a second noisy copy.
 
-Spark Connect: only the DataFrame API is used (no RDDs, no UDFs, no SparkContext), so
-`spark_session(remote="sc://...")` works as well as a classic session.
+Filters and derived columns are never handed to Spark as text: Polars computes the very
+expressions `validate` checked, on the executors, through `mapInArrow`; the executors'
+Python then needs polars and pyarrow (docs/scale.md).
+
+Spark Connect: only the DataFrame API is used (no RDDs, no SparkContext; `mapInArrow` is
+part of it), so `spark_session(remote="sc://...")` works as well as a classic session.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.spec.input_schema import InputInfo, lookup_table
+from dprun.spec.input_schema import InputInfo, derived_schema, lookup_table
 from dprun.spec.row_expressions import row_filter
 
 if TYPE_CHECKING:
@@ -118,7 +122,7 @@ def spark_session(
 
     `conf` is passed through to the builder (`key=value` strings or a mapping). Sets
     PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON to this interpreter unless they are set
-    already, so Python workers (dprun starts none itself) use the same environment.
+    already, so Python workers (filters and derived columns run in them) use the same environment.
     If a session is active in this process, it is reused (its master is not changed).
     """
     if master is not None and remote is not None:
@@ -375,19 +379,15 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
     f = F()
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    derive = {name: text for joined in (info, *(j.info for j in info.joins)) for name, text in
-              joined.reading.derive.items()} | dict(plan.derive)
-    # The same row-wise checks as `validate`, before Spark reads anything; Spark then
-    # parses the texts in its own dialect (docs/scale.md).
-    for name, text in derive.items():
-        row_filter(text, f"derive.{name}")
-    if plan.filter is not None:
-        row_filter(plan.filter)
+    # Checked before Spark reads anything, as `validate` checks them.
+    derived = [(name, row_filter(text, f"derive.{name}")) for name, text in plan.derive]
+    predicate = None if plan.filter is None else row_filter(plan.filter)
+    for joined in (info, *(j.info for j in info.joins)):
+        for name, text in joined.reading.derive.items():
+            row_filter(text, f"derive.{name}")
     frame = _joined_input(spark, plan, info, truncation_seed)
-    for name, text in plan.derive:
-        frame = frame.withColumn(name, f.expr(text))
-    if plan.filter is not None:
-        frame = frame.filter(f.expr(plan.filter))
+    schema, _ = derived_schema(info.joined_schema, dict(plan.derive), ("derive",))
+    frame = _with_row_expressions(frame, derived, predicate, columns, schema)
     frame = frame.select(*_cols(sorted(columns)))
     frame = frame.filter(reduce(lambda a, b: a & b, [_col(c).isNotNull() for c in plan.privacy_unit]))
     if not plan.group_by:
@@ -425,10 +425,50 @@ def _joined_input(spark: SparkSession, plan: QueryPlan, info: InputInfo, seed: i
 
 
 def _derived_scan(spark: SparkSession, info: InputInfo) -> DataFrame:
+    derived = [(name, row_filter(text, f"derive.{name}")) for name, text in info.reading.derive.items()]
     frame = _scan(spark, info)
-    for name, text in info.reading.derive.items():
-        frame = frame.withColumn(name, F().expr(text))
-    return frame
+    return _with_row_expressions(frame, derived, None, set(frame.columns), info.schema)
+
+
+def _with_row_expressions(frame: DataFrame, derived: list[tuple[str, pl.Expr]], predicate: pl.Expr | None,
+                          keep: set[str], schema: Mapping[str, pl.DataType]) -> DataFrame:
+    """The frame with the derived columns added in order, then the filter applied, computed by
+    Polars on the executors (`mapInArrow`) from the very expressions `row_expressions` checked:
+    Spark never parses a spec's text in its own SQL dialect, which reads some texts otherwise
+    (a backslash in quotes, for one). The expressions are row-wise, so a batch of rows gives
+    what its rows would alone. Only the columns the expressions read and `keep` cross over.
+    `schema`: the Polars types of the frame's columns and the derived ones (from validation)."""
+    if not derived and predicate is None:
+        return frame
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    expressions = [expression.alias(name) for name, expression in derived]
+    read = {root for e in [*expressions, *([predicate] if predicate is not None else [])]
+            for root in e.meta.root_names()}
+    made = [name for name, _ in derived]
+    inputs = [c for c in frame.columns if c in keep | read and c not in made]
+    out = _spark_schema({name: schema[name] for name in [*inputs, *made]})
+    target = to_arrow_schema(out)
+    steps = [e.meta.serialize() for e in expressions]
+    condition = None if predicate is None else predicate.meta.serialize()
+
+    def apply(batches: Iterator[Any]) -> Iterator[Any]:
+        # Runs on an executor: only Polars and pyarrow are imported there, never dprun.
+        import io
+
+        import polars
+
+        columns = [polars.Expr.deserialize(io.BytesIO(step)) for step in steps]
+        keep_rows = None if condition is None else polars.Expr.deserialize(io.BytesIO(condition))
+        for batch in batches:
+            rows = polars.DataFrame(polars.from_arrow(batch))
+            for column in columns:
+                rows = rows.with_columns(column)
+            if keep_rows is not None:
+                rows = rows.filter(keep_rows)
+            yield from rows.select(target.names).to_arrow().cast(target).to_batches()
+
+    return frame.select(*_cols(inputs)).mapInArrow(apply, out)
 
 
 def _truncated(frame: DataFrame, units: list[str], bound: int, seed: int) -> DataFrame:
@@ -642,7 +682,7 @@ def _quantiles(
 
 
 def _scan(spark: SparkSession, info: InputInfo) -> DataFrame:
-    """The input with the schema fixed at validation time (CSV/NDJSON: the one Polars inferred)."""
+    """The input with the schema fixed at validation time (CSV/NDJSON: from the header and the spec)."""
     paths = [str(p) for p in info.paths]
     schema = {name: dtype for name, dtype in info.schema.items() if name not in info.reading.derive}
     if info.format == "parquet":

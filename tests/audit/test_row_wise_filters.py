@@ -120,6 +120,18 @@ def test_each_engine_refuses_such_a_filter_in_a_plan_before_reading_data(folder:
         spark_engine.run_query(plan, info, RandomSource.from_seed(1), spark=None)
 
 
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_each_engine_refuses_such_a_derived_column_in_a_plan_before_reading_data(folder: Path, tmp_path: Path,
+                                                                                attack: str) -> None:
+    """The same shapes in a derived column the filter reads: a plan handed to an engine directly."""
+    plan, info = plan_with_filter(folder, "hidden")
+    plan = dataclasses.replace(plan, derive=(("hidden", ATTACKS[attack][0]),))
+    with pytest.raises(SpecError, match="a derived column must depend on its own row only"):
+        polars_engine.run_query(plan, info, RandomSource.from_seed(1), tmp_path)
+    with pytest.raises(SpecError, match="a derived column must depend on its own row only"):
+        spark_engine.run_query(plan, info, RandomSource.from_seed(1), spark=None)
+
+
 def released(plan: QueryPlan, info: Any, seed: int, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The released unit counts of the A and B partitions over RUNS runs of the Polars engine."""
     on_a, on_b = [], []

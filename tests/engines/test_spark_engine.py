@@ -199,7 +199,8 @@ def mixed_spec(folder: Path) -> Path:
     spec = {
         "version": 1, "name": "mixed", "privacy_unit": "uid",
         "budget": {"epsilon": 30.0, "delta": 1e-4, "accounting": "basic"},
-        "inputs": {"p": {"path": "data.parquet"}, "c": {"path": "data.csv"}, "j": {"path": "data.ndjson"}},
+        "inputs": {"p": {"path": "data.parquet"}, "c": {"path": "data.csv", "columns": {"uid": "int64", "g": "int64"}},
+                   "j": {"path": "data.ndjson", "columns": {"uid": "int64", "g": "int64", "h": "string", "x": "float64"}}},
         "queries": queries, "report": "out/report.json",
     }
     path = folder / "spec.yaml"
@@ -495,7 +496,7 @@ def test_csv_reading_options_give_the_same_release_on_both_engines(tmp_path: Pat
     lines = ["# made by a test", "uid;g;x"] + [f"{i};{'ab'[i % 2]};{'NA' if i % 7 == 0 else i % 11}" for i in range(400)]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
     spec = reading_spec(tmp_path, {"separator": ";", "null_values": ["NA"], "comment_prefix": "#",
-                                   "columns": {"x": "float64"}, "derive": {"half": "x / 2"}})
+                                   "columns": {"uid": "int64", "x": "float64"}, "derive": {"half": "x / 2"}})
     document = json.loads(spec.read_text())
     document["queries"][0]["derive"] = {"parity": "uid % 2"}
     document["queries"][0]["filter"] = "parity = 0"
@@ -503,6 +504,34 @@ def test_csv_reading_options_give_the_same_release_on_both_engines(tmp_path: Pat
     spec.write_text(json.dumps(document))
     polars_tables, spark_tables = run_both(spec, spark)
     assert_identical(polars_tables, spark_tables)
+
+
+# Polars reads a backslash in quotes as itself, Spark SQL as an escape: handed the text, Spark saw a
+# window function behind what Polars checked as two string comparisons.
+HIDDEN_WINDOW = "s = '\\' or s = ' or (count(*) over (partition by k) >= 50) --'"
+
+
+@pytest.mark.parametrize("where", ["query", "input"])
+def test_spark_runs_the_checked_expression_not_its_own_reading_of_the_text(tmp_path: Path, spark: Any,
+                                                                            where: str) -> None:
+    """D: 49 units in partition a; D': 50. The derived column is false on every row for Polars, so
+    both engines release the same noisy 0 on both datasets (the window made it 50 on Spark, for D')."""
+    assert HIDDEN_WINDOW.count("\\") == 1  # one backslash character
+    spec = reading_spec(tmp_path, {"derive": {"big": HIDDEN_WINDOW}} if where == "input" else {})
+    document = json.loads(spec.read_text())
+    query = document["queries"][0]
+    query.update({"filter": "big", "group_by": ["k"], "partitions": {"public": ["a"]},
+                  "metrics": [{"name": "n", "kind": "count"}]})
+    if where == "query":
+        query["derive"] = {"big": HIDDEN_WINDOW}
+    spec.write_text(json.dumps(document))
+    counts = []
+    for units in (49, 50):
+        (tmp_path / "data.csv").write_text("uid,k,s\n" + "".join(f"u{i},a,x\n" for i in range(units)))
+        polars_tables, spark_tables = run_both(spec, spark)
+        assert_identical(polars_tables, spark_tables)
+        counts.append(spark_tables["q"]["n"].item())
+    assert abs(counts[1] - counts[0]) <= 1, f"one unit moved the count from {counts[0]} to {counts[1]}"
 
 
 def test_reading_options_spark_cannot_follow_are_refused_before_spark_starts(tmp_path: Path) -> None:
