@@ -46,6 +46,7 @@ from dprun.ledger import entries as ledger_entries
 from dprun.ledger import jsonl as ledger_jsonl
 from dprun.ledger import location as ledger_location
 from dprun.ledger import open_ledger
+from dprun.ledger.spend import Spend
 from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
@@ -212,6 +213,7 @@ def run(
     try:
         tables, the_plan = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress,
                                     checkpoint, reserved)
+        _require_reserved(reserved, the_plan)
         report, recorded = _publish(validated, the_plan, tables, source, release_id, reserved, checkpoint,
                                     on_published)
     except BaseException:
@@ -640,10 +642,27 @@ def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: st
 
 
 def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_entries.Release:
+    """The release as the ledger reserves it before any data is read. With `auto` bounds the plan's
+    total is known only once they are chosen, so the spec's budget is reserved: the final plan never
+    spends more (`_require_reserved` checks it before anything is published)."""
     from dprun.report import input_fingerprints
 
-    return ledger_entries.make_release(validated.loaded, (the_plan.total_epsilon, the_plan.total_delta),
-                                       the_plan.accounting, input_fingerprints(validated.inputs))
+    spend = (the_plan.total_epsilon, the_plan.total_delta)
+    if any(query.bound_choice is not None for query in the_plan.queries):
+        spend = (max(spend[0], the_plan.budget_epsilon), max(spend[1], the_plan.budget_delta))
+    return ledger_entries.make_release(validated.loaded, spend, the_plan.accounting,
+                                       input_fingerprints(validated.inputs))
+
+
+def _require_reserved(reserved: _Reserved | None, the_plan: Plan) -> None:
+    """The ledger never records less than a release spends: a final plan beyond its reservation
+    (a bug) publishes nothing."""
+    if reserved is None:
+        return
+    spent = Spend.of(the_plan.total_epsilon, the_plan.total_delta)
+    if not spent.within(reserved.release.requested):
+        raise DprunError(f"internal error: the release would spend {spent}, more than the {reserved.release.requested} "
+                         "reserved in the ledger; nothing was published")
 
 
 def _require_ledger_apart(validated: ValidatedSpec, location: ledger_location.Location | None) -> None:

@@ -1,8 +1,9 @@
 """`dprun init DATAFILE`: a commented spec scaffolded from a data file's schema.
 
 Only column names and types are used: Parquet's from the file footer, CSV's and NDJSON's
-from the header and the small sample Polars infers types from (as `dprun validate`
-does). No value is read into the scaffold or printed. Everything that must come from
+from the header and the small sample Polars infers types from. The spec then declares
+those types under the input's `columns:` (a run never infers a type from the data: the
+user reviews these). No value is read into the scaffold or printed. Everything that must come from
 domain knowledge rather than from the data (the privacy unit, contribution bounds,
 value bounds) is left as the placeholder `FILL_IN`, so the scaffold fails validation,
 with a message saying so, until the user fills it in.
@@ -18,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from dprun.errors import Problem, SpecError
-from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, input_format, read_schema
+from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, input_format
 
 PLACEHOLDER = "FILL_IN"
 PLACEHOLDER_MESSAGE = (
@@ -45,6 +46,24 @@ def _type_name(dtype: pl.DataType) -> str:
     return re.sub(r"[^A-Za-z0-9_()\[\], ]", "", str(dtype))
 
 
+# The spec's name for each type `init` can declare (`columns:`).
+_SPEC_TYPES: dict[type[pl.DataType], str] = {
+    pl.Int8: "int64", pl.Int16: "int64", pl.Int32: "int64", pl.Int64: "int64", pl.UInt8: "int64",
+    pl.UInt16: "int64", pl.UInt32: "int64", pl.Float32: "float64", pl.Float64: "float64",
+    pl.Boolean: "bool", pl.String: "string", pl.Date: "date", pl.Datetime: "datetime",
+}
+
+
+def _inferred_schema(path: Path, fmt: str) -> dict[str, pl.DataType]:
+    """Parquet's footer schema; CSV's and NDJSON's as Polars infers it from the first rows (for the
+    user to review: `validate` and `run` read the types the spec declares)."""
+    if fmt == "parquet":
+        return dict(pl.scan_parquet(path).collect_schema())
+    if fmt == "csv":
+        return dict(pl.scan_csv(path, infer_schema_length=SCHEMA_SAMPLE_ROWS).collect_schema())
+    return dict(pl.scan_ndjson(path, infer_schema_length=SCHEMA_SAMPLE_ROWS).collect_schema())
+
+
 def describe(path: Path, fmt: str | None = None) -> tuple[str, dict[str, pl.DataType]]:
     """The file's format and its schema (names and types only)."""
     found = input_format(str(path), fmt)
@@ -54,7 +73,7 @@ def describe(path: Path, fmt: str | None = None) -> tuple[str, dict[str, pl.Data
     if not path.is_file():
         raise SpecError([Problem(str(path), None, None, "", "data file not found")])
     try:
-        schema = read_schema((path,), found)
+        schema = _inferred_schema(path, found)
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
         # Polars' own message may quote a value; never pass it on.
         raise SpecError([Problem(str(path), None, None, "",
@@ -122,6 +141,7 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         f"  {stem}:",
         f"    path: {_quote(relative)}  # relative to this spec file",
         f"    format: {found}",
+        *_declared_columns(schema, found),
         "queries:",
         f"  - name: {stem}",
         f"    input: {stem}",
@@ -165,6 +185,20 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         "report: out/report.json  # the accounting report; report.md is written beside it",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _declared_columns(schema: dict[str, pl.DataType], fmt: str) -> list[str]:
+    """The input's `columns:` lines for a CSV or NDJSON file: the types inferred, for the user to check."""
+    kinds = {name: _SPEC_TYPES.get(type(dtype)) for name, dtype in schema.items()}
+    if fmt == "parquet" or not any(kinds.values()):
+        return []
+    lines = ["    # The column types dprun reads with, inferred from the first rows by `dprun init`:",
+             "    # check them (a CSV column not listed is read as text; an NDJSON input has these columns).",
+             "    columns:"]
+    for name, kind in kinds.items():
+        lines.append(f"      {_quote(name)}: {kind}" if kind else
+                     f"      # {_quote(name)}: {_type_name(schema[name])} has no spec type; not read")
+    return lines
 
 
 def placeholder_lines(text: str) -> list[tuple[int, int]]:

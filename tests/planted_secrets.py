@@ -41,6 +41,8 @@ def planted(rng: np.random.Generator, rows: int = 600, shops: tuple[str, ...] = 
 
 
 METRICS = [{"name": "visits", "kind": "count"}, {"name": "spend", "kind": "sum", "column": "v", "bounds": [0, 50]}]
+# An NDJSON input's columns are the ones its spec declares.
+NDJSON_COLUMNS = {"uid": "string", "shop": "string", "v": "float64"}
 
 
 def spec_document(data: str | dict[str, Any] = "data.parquet", **changes: Any) -> dict[str, Any]:
@@ -53,11 +55,16 @@ def spec_document(data: str | dict[str, Any] = "data.parquet", **changes: Any) -
     document = {
         "version": 1, "name": "adversarial", "privacy_unit": "uid",
         "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "inputs": {"data": data if isinstance(data, dict) else {"path": data}},
+        "inputs": {"data": _with_ndjson_columns(data if isinstance(data, dict) else {"path": data})},
         "queries": [query], "report": "out/report.json",
     }
     document.update(changes)
     return document
+
+
+def _with_ndjson_columns(data: dict[str, Any]) -> dict[str, Any]:
+    ndjson = data.get("format") == "ndjson" or str(data["path"]).endswith(".ndjson")
+    return {"columns": NDJSON_COLUMNS, **data} if ndjson else data
 
 
 def write_spec(folder: Path, document: dict[str, Any]) -> Path:

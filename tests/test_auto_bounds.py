@@ -174,6 +174,9 @@ def test_value_bounds_are_chosen_from_the_data_next_to_fixed_ones(tmp_path: Path
 
 def test_a_value_bound_of_a_text_column_is_a_located_spec_error(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, AUTO, metrics=[{"name": "s", "kind": "sum", "column": "shop", "bounds": "auto"}])
+    document = json.loads(spec.read_text())
+    document["inputs"]["visits"]["columns"] = {"shop": "string"}
+    spec.write_text(json.dumps(document))
     result = invoke("validate", str(spec))
     assert result.exit_code == 1, everything(result)
     assert "spec.yaml:1:" in result.output and "queries[0].metrics[0].column: column 'shop' is String, not numeric" \

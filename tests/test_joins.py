@@ -116,6 +116,10 @@ def test_joins_that_are_not_a_private_input_with_lookups_or_on_the_unit_are_refu
 
 def test_join_columns_of_different_types_are_refused(tmp_path: Path) -> None:
     numbered = pl.DataFrame({"shop": [0, 1, 2], "city": ["Lyon", "Lyon", "Nantes"]})
-    message = refusal(write(tmp_path, {"join": ["visits", "shops"], "on": "shop"}, shops=numbered,
-                            partitions={"public": ["Lyon"]}))
+    spec = write(tmp_path, {"join": ["visits", "shops"], "on": "shop"}, shops=numbered, partitions={"public": ["Lyon"]})
+    document = json.loads(spec.read_text())
+    document["inputs"]["shops"]["columns"] = {"shop": "int64"}
+    spec.write_text(json.dumps(document))
+    message = refusal(spec)
     assert "join column 'shop' is String in 'visits' but Int64 in 'shops'" in message
+    assert "a CSV column is read as text unless the input's `columns:` gives its type" in message

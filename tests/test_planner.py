@@ -292,7 +292,10 @@ def test_the_default_grid_is_whole_numbers_or_a_round_step(tmp_path: Path, dtype
     metrics = [{"name": "p", "kind": "median", "column": "value", "bounds": bounds, "quantile_method": "candidates"}]
     path = write_spec(tmp_path, {"budget": {"epsilon": 1.0}, "queries": [
         query("q", metrics, group_by=["region"], partitions={"public": ["x", "y"]})]})
-    DATA.with_columns(pl.col("value").cast(dtype)).write_csv(tmp_path / "data.csv")
+    DATA.with_columns(pl.col("value").cast(dtype)).write_parquet(tmp_path / "data.parquet")
+    document = json.loads(path.read_text())
+    document["inputs"]["data"]["path"] = "data.parquet"
+    path.write_text(json.dumps(document))
     plan = make_plan(validate(path))
     assert plan.queries[0].quantities[0].quantity.candidates == expected
 

@@ -66,6 +66,9 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     for column, dtype in (("user_id", "Int64"), ("shop", "String"), ("spend", "Float64"), ("day", "Int64")):
         assert f'"{column}": {dtype}' in text, text
     assert '"spend", bounds: [FILL_IN, FILL_IN]' in text
+    # The spec declares the types init saw: a run reads CSV types from the spec, never from rows.
+    for column, kind in (("user_id", "int64"), ("shop", "string"), ("spend", "float64"), ("day", "int64")):
+        assert f'\n      "{column}": {kind}\n' in text, text
     assert api.scaffold("visits.csv") == text
 
     spec = tmp_path / "spec.yaml"

@@ -98,7 +98,7 @@ def validate_spec(path: Path) -> ValidatedSpec:
 
 
 def _sample_row_findings(inputs: dict[str, InputInfo]) -> list[Finding]:
-    """The strict row check on the rows the schema was inferred from (`strict_rows`)."""
+    """The strict row check, every value, on the first rows of each file (`strict_rows`)."""
     findings: list[Finding] = []
     for name, info in inputs.items():
         try:

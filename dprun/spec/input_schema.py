@@ -1,9 +1,11 @@
 """Check a spec against its inputs' schemas without reading data rows.
 
-Parquet schemas come from the file footers; CSV and NDJSON schemas are inferred
-by Polars from the header and a small sample of lines (as `scan_*` does). No
-message here quotes a value from a data file: Polars' own messages can, so they
-are never passed on.
+A schema is what the files and the spec declare, never what data rows suggest
+(docs/privacy.md, "What the plan reads"): Parquet's comes from the file footers;
+a CSV file's column names from its header and their types from the spec (`columns`,
+else float64 for a column a metric takes values from, else text); an NDJSON
+file's columns and types from `columns` alone. No message here quotes a value
+from a data file: Polars' own messages can, so they are never passed on.
 """
 
 from __future__ import annotations
@@ -41,11 +43,20 @@ from dprun.spec.yaml_loader import FieldPath
 if TYPE_CHECKING:
     import _csv
 
+# The rows `validate` checks value by value (`strict_rows`), and `dprun init` infers types from.
 SCHEMA_SAMPLE_ROWS = 1000
+# The engines' own columns begin with this; a spec's column may not.
+INTERNAL_PREFIX = "__dprun_"
+# Said where a text column may have surprised the user.
+TEXT_NOTE = "; a CSV column is read as text unless the input's `columns:` gives its type (e.g. `columns: {n: int64}`)"
 SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".ndjson": "ndjson", ".jsonl": "ndjson"}
 
 
 # The types a spec's `columns` can give, as Polars types (dates are read as text, then parsed).
+# Without a format, a date is `%Y-%m-%d` and a datetime the same, a `T` or a blank, then
+# `%H:%M:%S` with an optional fraction: a fixed format, never one guessed from the values.
+ISO_DATE = "%Y-%m-%d"
+ISO_DATETIME = "%Y-%m-%d %H:%M:%S%.f"
 COLUMN_TYPES: dict[str, pl.DataType] = {
     "int64": pl.Int64(), "float64": pl.Float64(), "string": pl.String(), "bool": pl.Boolean(),
     "date": pl.Date(), "datetime": pl.Datetime("us"),
@@ -116,7 +127,7 @@ def scan(info: InputInfo) -> pl.LazyFrame:
     types = info.reading.column_types()
     read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
                for name, dtype in info.schema.items() if name not in info.reading.derive}
-    return with_derived(_typed(_scan(info.paths, info.format, info.reading, schema=read_as), types),
+    return with_derived(_typed(_scan(info.paths, info.format, info.reading, read_as), types),
                         info.reading.derive)
 
 
@@ -136,6 +147,8 @@ def derived_schema(schema: dict[str, pl.DataType], derive: dict[str, str],
         where: FieldPath = (*at, name)
         if name in schema:
             return schema, [(where, f"'{name}' is a column already; give the derived column another name")]
+        if name.startswith(INTERNAL_PREFIX):
+            return schema, [(where, f"names beginning with `{INTERNAL_PREFIX}` are dprun's own columns; rename it")]
         try:
             expression = parse_row_expression(text, "derived column")
         except NotRowWise as exc:
@@ -144,10 +157,12 @@ def derived_schema(schema: dict[str, pl.DataType], derive: dict[str, str],
         if missing:
             return schema, [(where, f"the derived column names unknown column(s) {', '.join(missing)}")]
         try:
-            schema[name] = pl.LazyFrame(schema=schema).with_columns(expression.alias(name)).collect_schema()[name]
+            # Run on no rows: Polars checks some types (comparisons) only when it runs.
+            schema[name] = pl.LazyFrame(schema=schema).with_columns(expression.alias(name)).collect().schema[name]
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             # The expression is the spec's text, so Polars' message about it may be shown.
-            return schema, [(where, f"the derived column does not apply: {first_line(str(exc))}")]
+            return schema, [(where, f"the derived column does not apply: {first_line(str(exc))}"
+                                    f"{_text_columns_note(expression, schema)}")]
     return schema, []
 
 
@@ -157,32 +172,35 @@ def query_schema(query: Query, info: InputInfo) -> dict[str, pl.DataType]:
     return derived_schema(info.joined_schema, query.derive, ("derive",))[0]
 
 
-def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec | None = None) -> dict[str, pl.DataType]:
-    """The schema the engines will see: from Parquet footers, or inferred from the first
-    SCHEMA_SAMPLE_ROWS rows of CSV/NDJSON, with the spec's `columns` types in place."""
-    reading = reading if reading is not None else InputSpec(path=str(paths[0]))
-    inferred = dict(_scan(paths, fmt, reading).collect_schema())
-    # A typed column the input lacks is left to the caller to name (`inspect_inputs`).
-    types = {name: kind for name, kind in reading.column_types().items() if name in inferred}
-    if not types:
-        return inferred
-    overrides = {name: (pl.String() if _parsed(kind) else COLUMN_TYPES[kind.type]) for name, kind in types.items()}
-    return dict(_typed(_scan(paths, fmt, reading, overrides=overrides), types).collect_schema())
+def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec,
+                value_columns: frozenset[str] = frozenset()) -> dict[str, pl.DataType]:
+    """The schema the engines read with, from declarations only: Parquet's footer types; a CSV
+    header's names, each column typed as the spec's `columns` says, else float64 where a metric
+    takes its values (`value_columns`), else text; an NDJSON input's `columns`. No data row is read."""
+    if fmt == "parquet":
+        found = dict(pl.scan_parquet([str(p) for p in paths]).collect_schema())
+    elif fmt == "csv":
+        names = _scan(paths, fmt, reading).collect_schema()
+        found = {name: pl.Float64() if name in value_columns else pl.String() for name in names}
+    else:
+        found = {}
+    # A typed column a CSV or Parquet input lacks is left to the caller to name (`inspect_inputs`).
+    types = {name: kind for name, kind in reading.column_types().items() if fmt == "ndjson" or name in found}
+    return found | {name: COLUMN_TYPES[kind.type] for name, kind in types.items()}
 
 
-def _scan(paths: tuple[Path, ...], fmt: str, reading: InputSpec, *, schema: dict[str, pl.DataType] | None = None,
-          overrides: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
+def _scan(paths: tuple[Path, ...], fmt: str, reading: InputSpec,
+          schema: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
+    """The files read with `schema`; without one, a CSV file's columns named by its header, all text."""
     sources = [str(p) for p in paths]
     if fmt == "parquet":
         return pl.scan_parquet(sources)
     if fmt == "csv":
-        return pl.scan_csv(sources, schema=schema, schema_overrides=None if schema else overrides,
-                           infer_schema_length=SCHEMA_SAMPLE_ROWS, separator=reading.separator,
+        return pl.scan_csv(sources, schema=schema, infer_schema=False, separator=reading.separator,
                            quote_char=reading.quote_char, null_values=reading.null_values or None,
                            has_header=reading.has_header, encoding=reading.encoding,
                            comment_prefix=reading.comment_prefix)
-    return pl.scan_ndjson(sources, schema=schema, schema_overrides=None if schema else overrides,
-                          infer_schema_length=SCHEMA_SAMPLE_ROWS)
+    return pl.scan_ndjson(sources, schema=schema)
 
 
 def _parsed(kind: ColumnType) -> bool:
@@ -197,11 +215,15 @@ def _typed(frame: pl.LazyFrame, types: dict[str, ColumnType]) -> pl.LazyFrame:
 
 
 def typed(column: pl.Expr, kind: ColumnType) -> pl.Expr:
-    """A column as the type the spec gives it: dates parsed with their format, others cast strictly."""
+    """A column as the type the spec gives it: dates parsed with their format (ISO 8601's
+    without one), others cast strictly."""
+    text = column.cast(pl.String)
     if kind.type == "date":
-        return column.cast(pl.String).str.to_date(kind.format, strict=True)
+        return text.str.to_date(kind.format or ISO_DATE, strict=True)
     if kind.type == "datetime":
-        return column.cast(pl.String).str.to_datetime(kind.format, time_unit="us", strict=True)
+        if kind.format is None:
+            return text.str.replace("T", " ", literal=True).str.to_datetime(ISO_DATETIME, time_unit="us", strict=True)
+        return text.str.to_datetime(kind.format, time_unit="us", strict=True)
     return column.cast(COLUMN_TYPES[kind.type], strict=True)
 
 
@@ -236,6 +258,7 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
     infos: dict[str, InputInfo] = {}
     read: dict[str, InputInfo] = {}
     findings: list[Finding] = []
+    value_columns = _value_columns(spec)
     for name, declared in spec.inputs.items():
         at: FieldPath = ("inputs", name, "path")
         fmt = input_format(declared.path, declared.format)
@@ -251,8 +274,12 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
             findings.append((("inputs", name, misplaced[0]), f"`{misplaced[0]}` is a reading option for CSV "
                              f"inputs; this input is {fmt}"))
             continue
+        if fmt == "ndjson" and not declared.columns:
+            findings.append((("inputs", name), "an NDJSON file declares no schema: list the columns the spec reads "
+                             "under `columns:` with their types (e.g. `columns: {user_id: string, amount: float64}`)"))
+            continue
         try:
-            schema = read_schema(paths, fmt, declared)
+            schema = read_schema(paths, fmt, declared, value_columns.get(name, frozenset()))
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
             findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} "
                              "file, and do its reading options fit it?"))
@@ -260,6 +287,16 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
         unknown = [column for column in declared.columns if column not in schema]
         if unknown:
             findings.append((("inputs", name, "columns", unknown[0]), f"column '{unknown[0]}' is not in the input"))
+            continue
+        reserved = [column for column in schema if column.startswith(INTERNAL_PREFIX)]
+        if reserved:
+            findings.append((at, f"column '{reserved[0]}': names beginning with `{INTERNAL_PREFIX}` are dprun's own "
+                                 "columns; rename it in the file"))
+            continue
+        units = [column for column in spec.privacy_unit_columns if column in schema]
+        if declared.public and units:
+            findings.append((("inputs", name, "public"), f"a public input holds no privacy unit, and this one has the "
+                             f"column '{units[0]}': a file with the privacy unit is private (remove `public: true`)"))
             continue
         schema, derive_findings = derived_schema(schema, declared.derive, ("inputs", name, "derive"))
         if derive_findings:
@@ -288,6 +325,18 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
     return infos, read, findings
 
 
+def _value_columns(spec: Spec) -> dict[str, frozenset[str]]:
+    """By input name, the columns a metric of a query reading that input takes values from: a
+    CSV input reads them as float64 unless `columns` types them."""
+    found: dict[str, set[str]] = {}
+    for query in spec.queries:
+        names = [query.input] if isinstance(query.input, str) else query.input.join
+        columns = {m.column for m in query.metrics if m.kind in KINDS_WITH_VALUES and m.column is not None}
+        for name in names:
+            found.setdefault(name, set()).update(columns)
+    return {name: frozenset(columns) for name, columns in found.items()}
+
+
 def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo]) -> tuple[InputInfo | None, list[Finding]]:
     """The private input with the inputs joined to it, after checking the join columns on every
     side and that every lookup's join keys are unique (read from the public file, before any
@@ -307,8 +356,9 @@ def _joined(join: Join, private: InputInfo, infos: dict[str, InputInfo]) -> tupl
                 return None, [(at, f"join column '{missing[0]}' is not in {where}")]
         for column in on:
             if seen[column] != other.schema[column]:
+                note = TEXT_NOTE if pl.String() in (seen[column], other.schema[column]) else ""
                 return None, [(at, f"join column '{column}' is {seen[column]} in {before} "
-                                   f"but {other.schema[column]} in '{name}'")]
+                                   f"but {other.schema[column]} in '{name}'{note}")]
         clash = sorted(c for c in other.schema if c not in on and c in seen)
         if clash:
             return None, [(("join", index), f"input '{name}' has a column '{clash[0]}' that an earlier input of the "
@@ -376,11 +426,18 @@ def _filter_findings(text: str, schema: dict[str, pl.DataType], input_name: str)
     if missing:
         return [(("filter",), f"the filter names unknown column(s) {', '.join(missing)} of input '{input_name}'")]
     try:
-        pl.LazyFrame(schema=schema).filter(expression).collect_schema()
+        pl.LazyFrame(schema=schema).filter(expression).collect()  # on no rows, as for derived columns
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
         # The filter text comes from the spec, so Polars' message about it may be shown.
-        return [(("filter",), f"the filter does not apply to input '{input_name}': {first_line(str(exc))}")]
+        return [(("filter",), f"the filter does not apply to input '{input_name}': {first_line(str(exc))}"
+                              f"{_text_columns_note(expression, schema)}")]
     return []
+
+
+def _text_columns_note(expression: pl.Expr, schema: dict[str, pl.DataType]) -> str:
+    """Why a column an expression reads may be text: a CSV input's untyped columns are."""
+    text = sorted({name for name in expression.meta.root_names() if schema.get(name) == pl.String})
+    return f" ({', '.join(text)} {'is' if len(text) == 1 else 'are'} text){TEXT_NOTE}" if text else ""
 
 
 def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:

@@ -127,7 +127,9 @@ class InputSpec(Strict):
     comment_prefix: str | None = Field(default=None, min_length=1, max_length=5,
                                        description="CSV: lines starting with this are skipped.")
     columns: dict[str, ColumnTypeName | ColumnType] = Field(
-        default_factory=dict, description="Column types to read with, instead of inferring them.")
+        default_factory=dict, description=(
+            "Column types to read with. CSV: a column not listed is float64 where a metric takes its values, else "
+            "text; NDJSON: required, the input's columns; Parquet: a cast of the footer's type."))
     derive: dict[ColumnName, str] = Field(
         default_factory=dict, description="New columns, each a row-wise Polars SQL expression of the input's columns.")
     public: bool = Field(default=False, description=(

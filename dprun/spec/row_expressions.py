@@ -156,9 +156,24 @@ def _refusal(node: Any, parent: str | None, position: int) -> str | None:
         name = _function_name(body.get("function"))
         if name not in ROW_FUNCTIONS:
             return _refused(name)
+        if name == "StringExpr.Strptime" and _strptime_format(body.get("function")) is None:
+            return ("parses a date or time without a format, which Polars then guesses from the first value it "
+                    "reads (another person's row); give the format, e.g. date(s, '%Y-%m-%d') or "
+                    "timestamp(s, '%Y-%m-%d %H:%M:%S')")
         inputs = body.get("input")
         return _first_refusal(inputs if isinstance(inputs, list) else [None], name)
     return _refused(kind)
+
+
+def _strptime_format(function: Any) -> str | None:
+    """The literal format of a serialized Strptime function ({"StringExpr": {"Strptime": [dtype,
+    options]}}), or None where it has none (or the shape is not that one: then refused)."""
+    try:
+        options = function["StringExpr"]["Strptime"][1]
+    except (KeyError, IndexError, TypeError):
+        return None
+    fmt = options.get("format") if isinstance(options, dict) else None
+    return fmt if isinstance(fmt, str) else None
 
 
 def _first_refusal(children: list[Any], parent: str | None) -> str | None:

@@ -7,7 +7,7 @@ be counted. So before a plan runs, each CSV and NDJSON input is read once, row b
 with Python's `csv` and `json` modules (Polars has no strict mode for these cases), and
 the first malformed row stops the run with its file, line and column, never its values.
 A CSV value in a column the spec types (`columns`) must parse as that type. Values of
-inferred columns are Polars' to parse; when Polars stops at one without saying where,
+the other typed columns (a metric's float64) are Polars' to parse; when Polars stops at one without saying where,
 `run` calls `check_rows(..., every_value=True)` to find it (also for a Parquet column
 the spec types, and for a Parquet file whose pages Polars could not decode: pyarrow's
 reader, a second decoder, says whether the file or Polars is at fault).
@@ -47,7 +47,7 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
     `limit` rows per file, if given); Parquet passes.
 
     Values are checked in the columns the spec types; with `every_value` also in those
-    inferred numeric or boolean, which costs about five times as long: `run` does that
+    the schema reads as numbers or booleans otherwise (a metric's float64), which costs about five times as long: `run` does that
     only after Polars has failed on a value, to say where (`validate` on its sample)."""
     for path in info.paths:
         try:
@@ -84,7 +84,8 @@ def _check_csv(path: Path, info: InputInfo, limit: int | None, every_value: bool
                     text = row[index]
                     if text and text not in reading.null_values and not parses(text):
                         raise DataError(f"{path}: line {reader.line_num}: column '{name}' does not parse as "
-                                        f"{_described(kind)}; fix the row (nothing was counted)")
+                                        f"{_described(kind)}{_why_typed(name, info)}; fix the row (nothing was "
+                                        "counted)")
         except csv.Error:
             raise DataError(f"{path}: line {reader.line_num} is not valid CSV (an unterminated quote?); "
                             "fix the row (nothing was counted)") from None
@@ -97,17 +98,17 @@ def _prepend(first: list[str], rows: Iterator[list[str]]) -> Iterator[list[str]]
 
 def _value_checks(names: list[str], info: InputInfo,
                   every_value: bool) -> list[tuple[int, str, ColumnType, Callable[[str], bool]]]:
-    """The columns whose values must parse: typed by the spec, and with `every_value` those
-    inferred numeric or boolean (Polars stops at a value that does not fit, without saying where)."""
+    """The columns whose values must parse: typed by the spec, and with `every_value` the other
+    numeric or boolean ones (Polars stops at a value that does not fit, without saying where)."""
     types = info.reading.column_types()
     for name, dtype in info.schema.items() if every_value else ():
-        inferred = _INFERRED.get(type(dtype))
-        if name not in types and inferred is not None:
-            types[name] = ColumnType(type=inferred)
+        kind = _SCHEMA_KINDS.get(type(dtype))
+        if name not in types and kind is not None:
+            types[name] = ColumnType(type=kind)
     return [(index, name, types[name], _parser(types[name])) for index, name in enumerate(names) if name in types]
 
 
-_INFERRED: dict[type, ColumnTypeName] = {pl.Int64: "int64", pl.Float64: "float64", pl.Boolean: "bool"}
+_SCHEMA_KINDS: dict[type, ColumnTypeName] = {pl.Int64: "int64", pl.Float64: "float64", pl.Boolean: "bool"}
 
 
 def _parser(kind: ColumnType) -> Callable[[str], bool]:
@@ -123,22 +124,32 @@ def _parser(kind: ColumnType) -> Callable[[str], bool]:
 
 
 def _date_parser(kind: ColumnType) -> Callable[[str], bool]:
-    """Python's parse of a date or datetime: strptime with the format, else ISO 8601. Polars'
-    formats are the same strftime directives for the usual ones; where the two disagree,
-    Polars' own parse at run time still stops the run (exit 3, without the line)."""
+    """Python's parse of a date or datetime: strptime with the format, else with the fixed ISO
+    8601 formats `input_schema.typed` uses. Polars' formats are the same strftime directives
+    for the usual ones; where the two disagree, Polars' own parse at run time still stops
+    the run (exit 3, without the line)."""
+    formats = [kind.format] if kind.format is not None else \
+        ["%Y-%m-%d"] if kind.type == "date" else ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f"]
+
     def parses(text: str) -> bool:
-        try:
-            if kind.format is not None:
-                datetime.datetime.strptime(text.strip(), kind.format)
-            elif kind.type == "date":
-                datetime.date.fromisoformat(text.strip())
-            else:
-                datetime.datetime.fromisoformat(text.strip())
-        except ValueError:
-            return False
-        return True
+        value = text.strip() if kind.format is not None or kind.type == "date" else text.strip().replace("T", " ", 1)
+        for form in formats:
+            try:
+                datetime.datetime.strptime(value, form)
+            except ValueError:
+                continue
+            return True
+        return False
 
     return parses
+
+
+def _why_typed(name: str, info: InputInfo) -> str:
+    """Why a column the spec does not type has a type other than text."""
+    if name in info.reading.columns or info.schema.get(name) != pl.Float64:
+        return ""
+    return (" (a metric takes its values, so it is read as float64; if it is not a number, declare its type under "
+            "the input's `columns:` and choose another column)")
 
 
 def _described(kind: ColumnType) -> str:
@@ -186,8 +197,8 @@ def _check_ndjson(path: Path, schema: dict[str, pl.DataType], limit: int | None,
     """Each line a JSON object, with single values where the columns hold them; with
     `every_value`, values of the numeric and boolean columns of their kind."""
     plain = _plain_columns(schema)
-    kinds = {name: _INFERRED[type(dtype)] for name, dtype in schema.items()
-             if every_value and type(dtype) in _INFERRED}
+    kinds = {name: _SCHEMA_KINDS[type(dtype)] for name, dtype in schema.items()
+             if every_value and type(dtype) in _SCHEMA_KINDS}
     for number, line in islice(_lines(path), limit):
         try:
             row = json.loads(line)

@@ -149,7 +149,9 @@ def test_keys_from_joins_and_query_derived_keys_release_the_same_tables_by_range
     ]
     spec = write_spec(tmp_path, joined, epsilon=20.0, delta=1e-6)
     document = json.loads(spec.read_text())
-    document["inputs"] |= {"items": {"path": f"items.{lookup_format}", "public": True},
+    # A CSV file's types are the spec's to declare.
+    types = {"columns": {"key": "int64", "category": "int64"}} if lookup_format == "csv" else {}
+    document["inputs"] |= {"items": {"path": f"items.{lookup_format}", "public": True, **types},
                            "profiles": {"path": "profiles.parquet"}}
     spec.write_text(json.dumps(document))
     outputs = both_ways(spec, [q["name"] for q in joined], seed, monkeypatch, table_codes)

@@ -119,7 +119,18 @@ REFUSED = {
     "array_unique(a) = a": "not on dprun's list of row-wise operations",
     # sub-queries: refused before Polars parses them
     "x > (SELECT 1)": "sub-queries (SELECT) are not allowed",
+    # an option guessed from the first value read: the format of a date parse
+    "date(s) > '2020-01-01'::date": "parses a date or time without a format",
+    "timestamp(s) IS NULL": "parses a date or time without a format",
+    "EXTRACT(YEAR FROM date(s)) = 2020": "parses a date or time without a format",
+    # Spark SQL's row-position and random functions: Polars does not know them, and no engine reads the text
+    "monotonically_increasing_id() > 3": "unsupported function 'monotonically_increasing_id'",
+    "rand() < 0.5": "unsupported function 'rand'",
+    "spark_partition_id() = 0": "unsupported function 'spark_partition_id'",
 }
+# With a literal format, a date parse is a function of its row.
+ROW_WISE += ["date(s, '%Y-%m-%d') > '2020-01-01'::date", "timestamp(s, '%Y-%m-%d %H:%M:%S') IS NULL",
+             "strptime(s, '%d/%m/%Y') IS NOT NULL"]
 
 
 def test_the_tables_are_large_enough() -> None:

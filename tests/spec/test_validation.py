@@ -761,7 +761,7 @@ def test_all_schema_problems_are_reported(tmp_path: Path) -> None:
     ))
     check_everywhere(spec, [
         Expect(3, "privacy_unit", "column 'household_id' is not in input 'visits' (query 'per_restaurant')"),
-        Expect(22, "queries[0].metrics[1].column", "column 'weekday' is String, not numeric"),
+        Expect(9, "inputs.visits.path", "line 2: column 'weekday' does not parse as float64 (a metric takes its values"),
         Expect(13, "queries[0].filter", "the filter names unknown column(s) amount of input 'visits'"),
     ])
 
@@ -799,8 +799,13 @@ SCHEMA_CASES: dict[str, tuple[str, list[Expect]]] = {
         [Expect(21, "queries[0].metrics[1].column", "column 'amount' is not in input 'visits'")],
     ),
     "metric_column_not_numeric": (
+        edit(("column: spend_eur", "column: day"), ("    path: visits.csv\n", "    path: visits.csv\n    columns: {day: string}\n")),  # +1 line
+        [Expect(22, "queries[0].metrics[1].column", "column 'day' is String, not numeric")],
+    ),
+    "metric_column_untyped_and_text": (
         edit(("column: spend_eur", "column: day")),
-        [Expect(21, "queries[0].metrics[1].column", "column 'day' is String, not numeric")],
+        [Expect(9, "inputs.visits.path", "line 2: column 'day' does not parse as float64 (a metric takes its values, "
+                "so it is read as float64; if it is not a number, declare its type")],
     ),
     "count_column_missing": (
         edit(("{name: visits, kind: count}", "{name: visits, kind: count, column: amount}")),
