@@ -12,9 +12,11 @@ import io
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,21 @@ def write_long_input(path: Path) -> None:
     uid = np.char.add(SECRET_ID + "-", rng.integers(0, rows // 3, rows).astype(str))
     pl.DataFrame({"uid": uid, "shop": rng.integers(0, 5000, rows),
                   "v": np.where(rng.random(rows) < 0.01, SECRET_VALUE, rng.uniform(0, 50, rows))}).write_parquet(path)
+
+
+def wait_until_it_catches_signals(process: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    """Until the process has installed its SIGINT and SIGTERM handlers (the kernel's `SigCgt` mask
+    in /proc): the event a signal test starts its delays from, whatever the machine's load. Before
+    it, the interpreter itself is starting and a signal ends it as Python's defaults say."""
+    wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    status = Path(f"/proc/{process.pid}/status")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        caught = next((line.split()[1] for line in status.read_text().splitlines() if line.startswith("SigCgt:")), "0")
+        if int(caught, 16) & wanted == wanted:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"the process did not install its signal handlers (exit {process.poll()})")
 
 
 def start_run(spec: Path, scratch: Path) -> subprocess.Popen[str]:

@@ -46,6 +46,7 @@ from planted_secrets import (
     spec_document,
     start_run,
     temporaries,
+    wait_until_it_catches_signals,
     write_long_input,
     write_spec,
 )
@@ -721,13 +722,15 @@ def test_a_signal_while_dprun_starts_exits_130_with_one_line(tmp_path: Path, lon
     work.mkdir()
     spec = write_spec(work, spec_document(str(long_input), query={"partitions": {"selection": "auto"}}))
     for signum in (signal.SIGINT, signal.SIGTERM) * 3:
-        # From 0.15 s: before that the interpreter itself is starting, before any of dprun's code.
-        delay = float(rng.uniform(0.15, 0.6))
+        # From when the launcher catches signals (before that the interpreter itself is starting),
+        # at a random instant of the imports that follow.
+        delay = float(rng.uniform(0.0, 0.45))
         process = start_run(spec, tmp_path)
+        wait_until_it_catches_signals(process)
         time.sleep(delay)
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=120)
-        what = f"seed={seed} {signal.Signals(signum).name} after {delay:.3f} s"
+        what = f"seed={seed} {signal.Signals(signum).name} {delay:.3f} s after the handlers"
         check_streams(stdout, stderr, what)
         assert process.returncode == 130, f"{what}: exit {process.returncode}: {stderr!r}"
         assert re.fullmatch(r"error: interrupted[^\n]*nothing was published\n", stderr), f"{what}: {stderr!r}"

@@ -376,15 +376,15 @@ def _bounded_sums(
 
 
 def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> DataFrame:
-    f = F()
-    columns = {*plan.privacy_unit, *plan.group_by}
-    columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    # Checked before Spark reads anything, as `validate` checks them.
+    # Checked before pyspark is imported or Spark reads anything, as `validate` checks them.
     derived = [(name, row_filter(text, f"derive.{name}")) for name, text in plan.derive]
     predicate = None if plan.filter is None else row_filter(plan.filter)
     for joined in (info, *(j.info for j in info.joins)):
         for name, text in joined.reading.derive.items():
             row_filter(text, f"derive.{name}")
+    f = F()
+    columns = {*plan.privacy_unit, *plan.group_by}
+    columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
     frame = _joined_input(spark, plan, info, truncation_seed)
     schema, _ = derived_schema(info.joined_schema, dict(plan.derive), ("derive",))
     frame = _with_row_expressions(frame, derived, predicate, columns, schema)
