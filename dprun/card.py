@@ -4,8 +4,12 @@ Per release: the guarantee and how it was accounted, the budget split as a chart
 query its partitions (for a private selection, the chance that a partition is kept
 against its number of privacy units), its contribution bounds, and per metric the
 released values with their 95% intervals, as a chart of the largest partitions and a
-sortable table of all. Before a run (`explain-budget --format html`) the same card
-without released values.
+sortable table of all. A value is shown to the precision its interval supports (two
+significant digits of the column's smallest interval). Means, variances and quantiles
+have an interval that depends on the partition's size: it is computed at the size the
+query itself releases (its count of rows, else of privacy units), post-processing of
+DP values. Before a run (`explain-budget --format html`) the same card without released
+values.
 
 Only DP outputs (the released tables) and public facts (the plan) go in, as in the
 other reports. Charts are static SVG drawn by matplotlib and inlined, with one small
@@ -38,7 +42,8 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 2.5rem; }
 .facts { color: #555; } .warning { background: #fde2e1; border: 2px solid #c0392b; padding: 0.8rem; }
-figure.chart { margin: 1rem 0; } figure.chart svg { max-width: 100%; height: auto; }
+figure.chart { margin: 1rem 0; } figure.chart svg { width: 100%; height: auto; }
+.note { background: #f6f6f6; border-left: 3px solid #999; padding: 0.4rem 0.8rem; font-size: 0.9rem; }
 figcaption { color: #555; font-size: 0.9rem; }
 table { border-collapse: collapse; font-size: 0.9rem; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
@@ -86,8 +91,13 @@ def release_card(plan: Plan, tables: dict[str, pl.DataFrame] | None = None,
         parts.append('<p class="warning"><strong>Not private:</strong> made with a test seed (--seed); the noise '
                      "is reproducible, so these numbers protect no one. Never publish them.</p>")
     parts.append("<h2>How the budget is spent</h2>")
-    caption = ("ε per query, split between partition selection and the noisy quantities each metric is "
-               "computed from.")
+    spent_on = [part for part, present in (
+        ("choosing the auto bounds", any(q.get("auto_bounds") for q in report["queries"])),
+        ("partition selection", any(q["partitions"]["mode"] == "private" and q["partitions"].get("epsilon")
+                                    for q in report["queries"])),
+        ("the noisy quantities each metric is computed from", True)) if present]
+    caption = f"ε per query, split between {_listed(spent_on)}." if len(spent_on) > 1 else \
+        "ε per query, split between the noisy quantities each metric is computed from."
     if report["accounting"] == "pld":
         caption += " Under pld accounting the release's total ε is less than the sum of these parts."
     parts.append(_figure("budget", _budget_chart(report), caption))
@@ -151,12 +161,16 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
     if table is not None:
         keys = list(query.group_by)
         columns = {m.name: [c for c in m.output_columns if c in table.columns] for m in query.metrics}
+        halves = _uncertainties(table, explained, columns)
+        sized_by = _size_column(explained)
         for metric in explained["metrics"]:
             for column in columns[metric["name"]]:
-                chart = _metric_chart(table, keys, column, metric)
+                chart = _metric_chart(table, keys, column, halves.get(column))
                 if chart is not None:
-                    parts.append(_figure(f"metric-{query.name}-{column}", chart, _metric_caption(column, metric)))
-        parts.append(_table(table, keys, explained["metrics"], columns))
+                    parts.append(_figure(f"metric-{query.name}-{column}", chart,
+                                         _metric_caption(column, metric, sized_by)))
+        parts.append(_table(table, keys, explained["metrics"], columns, halves))
+        parts.append(_negative_note(table, explained["metrics"], columns))
     else:
         parts.append(_accuracy_table(explained["metrics"]))
     return "\n".join(parts)
@@ -178,12 +192,119 @@ def _partitions_text(partitions: dict[str, Any], table: pl.DataFrame | None) -> 
     return text + "." + released
 
 
-def _metric_caption(column: str, metric: dict[str, Any]) -> str:
-    half = metric.get("ci95_half_width")
+def _metric_caption(column: str, metric: dict[str, Any], sized_by: tuple[str, str] | None) -> str:
     what = f"{_text(column)} ({_text(metric['kind'])})"
-    if half is None:
-        return f"{what}: the largest released values; their interval depends on each partition's size (see the plan)."
-    return f"{what}: the largest released values, with 95% intervals (± {_num(half)})."
+    half = metric.get("ci95_half_width")
+    if half is not None:
+        return f"{what}: the largest released values, with 95% intervals (± {_two_digits(half)})."
+    if sized_by is None:
+        return f"{what}: the largest released values. {_sizes_sentence(metric)}"
+    name, kind = sized_by
+    even = " if the values were spread evenly over the bounds" if "ci95_rank_error" in metric else ""
+    return (f"{what}: the largest released values, with approximate 95% intervals at each partition's released "
+            f"{kind} ({_text(name)}){even}.")
+
+
+def _sizes_sentence(metric: dict[str, Any]) -> str:
+    """How big a size-dependent interval is, for a query that releases no count to size it by."""
+    if "ci95_rank_error" in metric:
+        sizes = metric["ci95_value_error_if_even_at_units"]
+        unit = "privacy units"
+        after = ", if the values are spread evenly over the bounds"
+    else:
+        sizes = metric["ci95_half_width_at_rows"]
+        unit, after = "rows", ""
+    at = " and ".join(f"± {_two_digits(half)} at {int(size):,} {unit}" for size, half in sizes.items())
+    return (f"The query releases no count to size its partitions by: the 95% interval is {at}{after}; add a "
+            "<code>count</code> metric to see it per partition.")
+
+
+def _two_digits(value: float) -> str:
+    """A number with two significant digits, as intervals are shown."""
+    places = _decimals(np.array([float(value)]))
+    return _num(value) if places is None else _rounded(value, places)
+
+
+def _listed(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+# --- uncertainty ------------------------------------------------------------------------------------
+
+
+def _size_column(explained: dict[str, Any]) -> tuple[str, str] | None:
+    """The released column that sizes each partition, and what it counts: rows, else privacy units."""
+    for kind, counts in (("count", "count of rows"), ("privacy_id_count", "count of privacy units")):
+        for metric in explained["metrics"]:
+            if metric["kind"] == kind and metric["column"] is None:
+                return metric["name"], counts
+    return None
+
+
+def _uncertainties(table: pl.DataFrame, explained: dict[str, Any],
+                   columns: dict[str, list[str]]) -> dict[str, np.ndarray]:
+    """Each released column's 95% interval half-width per row (NaN where unknown): the noise's for
+    counts and sums; for the other kinds at the partition's released size (`_size_column`), by the
+    report's own formulas: a mean's, variance's or standard deviation's half-width is inversely
+    proportional to the rows it is computed from (`report._ratio_std`), and a quantile's value error
+    is its rank error over the values, if they were spread evenly over the bounds. A count of
+    privacy units stands for at least as many rows, so sizing by it gives wider intervals."""
+    sized_by = _size_column(explained)
+    size = None if sized_by is None else np.maximum(
+        np.nan_to_num(table[sized_by[0]].to_numpy().astype(np.float64), nan=1.0), 1.0)
+    m = explained["contribution_bounds"]["max_contributions_per_partition"]
+    by_units = sized_by is not None and sized_by[1].endswith("privacy units")
+    out: dict[str, np.ndarray] = {}
+    for metric in explained["metrics"]:
+        half = _metric_half_widths(metric, size, by_units, m, table.height)
+        out |= {column: half for column in columns[metric["name"]]}
+    return out
+
+
+def _metric_half_widths(metric: dict[str, Any], size: np.ndarray | None, by_units: bool, m: int,
+                        rows: int) -> np.ndarray:
+    if metric.get("ci95_half_width") is not None:
+        return np.full(rows, float(metric["ci95_half_width"]))
+    if size is None or metric.get("bounds") is None:
+        return np.full(rows, np.nan)
+    lower, upper = metric["bounds"]
+    width = upper - lower
+    if "ci95_rank_error" in metric:
+        units = size if by_units else size / m
+        return np.minimum(width, metric["ci95_rank_error"] / (np.maximum(units, 1.0) * m) * width +
+                          metric["resolution"])
+    at_100 = metric["ci95_half_width_at_rows"]["100"]
+    most = {"mean": width, "stddev": width / 2, "variance": (width / 2) ** 2}.get(metric["kind"], math.inf)
+    return np.minimum(at_100 * 100 / size, most)
+
+
+def _decimals(halves: np.ndarray) -> int | None:
+    """Decimals that show two significant digits of the column's smallest interval (negative: round
+    to tens, hundreds, …); None when no row has one."""
+    known = halves[np.isfinite(halves) & (halves > 0)]
+    if known.size == 0:
+        return None
+    return 1 - math.floor(math.log10(float(known.min())))
+
+
+def _rounded(value: Any, decimals: int) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return _num(value)
+    shown = round(float(value), decimals)
+    return f"{shown:,.{max(decimals, 0)}f}"
+
+
+def _negative_note(table: pl.DataFrame, metrics: list[dict[str, Any]], columns: dict[str, list[str]]) -> str:
+    """Why a count or sum can be negative, where one is, and the option that avoids it."""
+    below = [m["name"] for m in metrics if m["kind"] in ("count", "privacy_id_count", "sum") and not m.get("clamp")
+             and any((table[c] < 0).any() for c in columns[m["name"]])]
+    if not below:
+        return ""
+    names = _listed([f"<code>{_text(name)}</code>" for name in below])
+    return (f'<p class="note">Some values of {names} are below zero: the noise that protects each partition is '
+            "added to its true value, and a small true value plus noise can be negative. They are kept so that "
+            "sums and averages over partitions stay unbiased; <code>clamp: true</code> on a metric releases its "
+            "values at zero or above instead (docs/spec.md, metrics).</p>")
 
 
 # --- charts ------------------------------------------------------------------------------------
@@ -215,29 +336,51 @@ def _svg(figure: Figure) -> str:
     return text[text.index("<svg"):]
 
 
+# Selection and the choice of auto bounds in greys; every noisy quantity its own colour, then
+# hatches over the 20 colours once they run out, so that no two legend entries look alike.
+SELECTION_COLOUR = "#999999"
+AUTO_BOUNDS_COLOUR = "#cccccc"
+HATCHES = ("", "//", "..", "xx", "\\\\")
+
+
+def _budget_segments(query: dict[str, Any]) -> list[tuple[str, float, str | None]]:
+    """The query's parts of ε in order, each with its label and fixed colour (None: the next one)."""
+    segments: list[tuple[str, float, str | None]] = []
+    if query.get("auto_bounds"):
+        segments.append(("choosing the auto bounds", query["auto_bounds"]["epsilon"], AUTO_BOUNDS_COLOUR))
+    partitions = query["partitions"]
+    if partitions["mode"] == "private" and partitions.get("epsilon"):
+        segments.append(("partition selection", partitions["epsilon"], SELECTION_COLOUR))
+    for quantity in query["quantities"]:
+        users = ", ".join(m["name"] for m in query["metrics"] if quantity["id"] in m["quantities"])
+        segments.append((f"{users}: {quantity['description']}", quantity["epsilon"], None))
+    return segments
+
+
 def _budget_chart(report: dict[str, Any]) -> str:
+    from matplotlib import colormaps
+
     queries = report["queries"]
-    segments_drawn = sum(len(q["quantities"]) + 1 for q in queries)
-    figure = _new_figure(1.2 + 0.6 * len(queries) + 0.12 * segments_drawn)
+    rows = [_budget_segments(query) for query in queries]
+    drawn = sum(len(segments) for segments in rows)
+    figure = _new_figure(1.2 + 0.6 * len(queries) + 0.18 * drawn)
     axes = figure.add_subplot()
-    palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#9d755d"]
-    for row, query in enumerate(queries):
+    tab20 = colormaps["tab20"]
+    palette = [tab20(index) for index in range(tab20.N)]
+    painted = 0
+    for row, (query, segments) in enumerate(zip(queries, rows, strict=True)):
         left = 0.0
-        segments = []
-        partitions = query["partitions"]
-        if partitions["mode"] == "private" and partitions.get("epsilon"):
-            segments.append(("selection", partitions["epsilon"]))
-        for quantity in query["quantities"]:
-            users = [m["name"] for m in query["metrics"] if quantity["id"] in m["quantities"]]
-            segments.append((f"{', '.join(users)} ({quantity['id']})", quantity["epsilon"]))
-        for index, (label, epsilon) in enumerate(segments):
-            color = "#999999" if label == "selection" else palette[index % len(palette)]
-            axes.barh(row, epsilon, left=left, color=color, edgecolor="white", label=f"{query['name']}: {label}")
+        for label, epsilon, fixed in segments:
+            colour, hatch = (fixed, "") if fixed else \
+                (palette[painted % len(palette)], HATCHES[painted // len(palette) % len(HATCHES)])
+            painted += fixed is None
+            axes.barh(row, epsilon, left=left, color=colour, hatch=hatch, edgecolor="white",
+                      label=_plain(f"{query['name']}: {label}"))
             left += epsilon
-    axes.set_yticks(range(len(queries)), [q["name"] for q in queries])
+    axes.set_yticks(range(len(queries)), [_plain(q["name"]) for q in queries])
     axes.invert_yaxis()
     axes.set_xlabel("ε")
-    figure.legend(loc="outside lower center", ncols=1, fontsize=8, frameon=False)
+    figure.legend(loc="outside lower center", ncols=1 if drawn <= 8 else 2, fontsize=8, frameon=False)
     return _svg(figure)
 
 
@@ -261,7 +404,7 @@ def _keep_chart(query: QueryPlan) -> str | None:
     return _svg(figure)
 
 
-def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, metric: dict[str, Any]) -> str | None:
+def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, halves: np.ndarray | None) -> str | None:
     values = table[name].to_numpy().astype(np.float64)
     finite = np.flatnonzero(np.isfinite(values))
     if finite.size == 0:
@@ -270,44 +413,58 @@ def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, metric: dict[
     labels = [_key_label(table, keys, int(row)) for row in order]
     figure = _new_figure(1.0 + 0.28 * len(order))
     axes = figure.add_subplot()
-    half = metric.get("ci95_half_width")
-    axes.errorbar(values[order], range(len(order)), xerr=None if half is None else half, fmt="o",
-                  color="#4c78a8", ecolor="#7f7f7f", capsize=3)
+    shown = None if halves is None else np.nan_to_num(halves[order], nan=0.0)
+    axes.errorbar(values[order], range(len(order)), xerr=shown, fmt="o", color="#4c78a8", ecolor="#7f7f7f",
+                  capsize=3)
     axes.set_yticks(range(len(order)), labels)
     axes.invert_yaxis()
-    axes.set_xlabel(name)
+    axes.set_xlabel(_plain(name))
     return _svg(figure)
 
 
 def _key_label(table: pl.DataFrame, keys: list[str], row: int) -> str:
     if not keys:
         return "all"
-    return " · ".join(str(table[key][row]) for key in keys)
+    return _plain(" · ".join(str(table[key][row]) for key in keys))
+
+
+def _plain(text: str) -> str:
+    """Text matplotlib draws as written: a `$` would start its math mode (`$\\x{a}$` fails to parse)."""
+    return text.replace("$", r"\$")
 
 
 # --- tables ------------------------------------------------------------------------------------
 
 
 def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]],
-           metric_columns: dict[str, list[str]]) -> str:
+           metric_columns: dict[str, list[str]], halves: dict[str, np.ndarray]) -> str:
     """Every released row; `metric_columns` is each metric's output columns (a column per level
-    of a multi-level quantile)."""
+    of a multi-level quantile), `halves` their intervals per row. Values are shown to the
+    precision of the column's smallest interval, the whole value kept for sorting."""
     columns = [*keys, *(c for m in metrics for c in metric_columns[m["name"]])]
-    halves = {m["name"]: m.get("ci95_half_width") for m in metrics}
+    decimals = {c: _decimals(halves[c]) for c in columns if c in halves}
     header = "".join(f'<th class="key">{_text(c)}</th>' if c in keys else
-                     f"<th>{_text(c)}{' (± 95%)' if halves.get(c) is not None else ''}</th>" for c in columns)
+                     f"<th>{_text(c)}{' (± 95%)' if decimals.get(c) is not None else ''}</th>" for c in columns)
     rows = []
-    for values in table.select(columns).iter_rows():
+    for index, values in enumerate(table.select(columns).iter_rows()):
         cells = []
         for column, value in zip(columns, values, strict=True):
-            shown = _text(str(value)) if column in keys else _num(value)
-            if column not in keys and halves.get(column) is not None and value is not None:
-                shown += f" ± {_num(halves[column])}"
+            places = decimals.get(column)
+            if column in keys:
+                shown = _text(str(value))
+            elif places is None or value is None:
+                shown = _num(value)
+            else:
+                shown = _rounded(value, places)
+                half = float(halves[column][index])
+                if math.isfinite(half):
+                    shown += f" ± {_rounded(half, places)}"
             css = ' class="key"' if column in keys else ""
             cells.append(f'<td{css} data-value="{_text(str(value))}">{shown}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<table class="sortable"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            "<p class=\"facts\">Click a column's header to sort by it.</p>")
+            "<p class=\"facts\">Click a column's header to sort by it. Values are rounded to the precision their "
+            "intervals support.</p>")
 
 
 def _accuracy_table(metrics: list[dict[str, Any]]) -> str:

@@ -8,11 +8,14 @@ reason, where it is missing.
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import polars as pl
 import pytest
 from dprun_testing import everything, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
@@ -139,4 +142,101 @@ def test_every_level_of_a_quantile_metric_is_charted_and_tabled(tmp_path: Path) 
     text = (folder / "out" / "public" / "report.html").read_text()
     for column in ("spend_q_p10", "spend_q_p90"):
         assert f'data-chart="metric-visits_per_restaurant-{column}"' in text
-        assert f"<th>{column}</th>" in text
+        assert f"<th>{column} (± 95%)</th>" in text  # at each partition's released count
+
+
+def cells(text: str, column: int) -> list[str]:
+    """The shown text of one column of the card's table of released rows."""
+    body = text[text.index("<tbody>"):text.index("</tbody>")]
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row)[column] for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_values_are_rounded_to_the_precision_of_their_intervals(tmp_path: Path) -> None:
+    """restaurants_public: visits ± 720, spend ± ~22,000, avg_spend at each partition's released visits."""
+    text = released_card(tmp_path, ROOT / "specs" / "restaurants_public.yaml", "--seed", "5").read_text()
+    header = re.findall(r"<th[^>]*>([^<]*)</th>", text[text.index("<thead>"):text.index("</thead>")])
+    assert header == ["restaurant_id", "visits (± 95%)", "spend (± 95%)", "avg_spend (± 95%)"], header
+    spend = cells(text, 2)
+    assert all(re.fullmatch(r"-?[\d,]*000 ± 2\d,000", cell) for cell in spend), spend  # no digit below the noise
+    means = cells(text, 3)
+    decimals = {len(cell.split(" ± ")[0].partition(".")[2]) for cell in means}
+    assert len(decimals) == 1 and all(" ± " in cell for cell in means), means  # one precision per column
+    assert "± 21569.3" not in text and "(± 22,000)" in text
+
+
+def test_negative_counts_are_explained_and_clamp_is_pointed_to(tmp_path: Path) -> None:
+    from dprun.card import _negative_note
+
+    table = pl.DataFrame({"k": ["a", "b"], "n": [-3, 40], "s": [5.0, 1.0]})
+    metrics = [{"name": "n", "kind": "count", "clamp": False}, {"name": "s", "kind": "sum", "clamp": False}]
+    note = _negative_note(table, metrics, {"n": ["n"], "s": ["s"]})
+    assert "Some values of <code>n</code> are below zero" in note and "<code>clamp: true</code>" in note
+    assert _negative_note(table, [{**metrics[0], "clamp": True}, metrics[1]], {"n": ["n"], "s": ["s"]}) == ""
+
+
+def test_a_mean_without_a_released_count_says_how_big_its_interval_is(tmp_path: Path) -> None:
+    folder = example_copy(tmp_path)
+    spec = folder / "specs" / "restaurants_public.yaml"
+    spec.write_text(spec.read_text().replace("      - {name: visits, kind: count}\n", ""))
+    result = invoke_clean("run", str(spec), "--overwrite", "--seed", "3")
+    assert result.exit_code == 0, everything(result)
+    text = (folder / "out" / "public" / "report.html").read_text()
+    assert "avg_spend (mean): the largest released values. The query releases no count to size its partitions " \
+        "by: the 95% interval is ± " in text
+    assert "at 100 rows and ± " in text and "add a <code>count</code> metric to see it per partition" in text
+    assert re.search(r"interval is ± [\d,.]+ at 100 rows and ± [\d,.]+ at 10,000 rows", text), text
+
+
+def test_the_budget_chart_names_every_part_in_words_and_the_auto_bounds_choice(tmp_path: Path) -> None:
+    from dprun.card import _budget_segments
+
+    folder = example_copy(tmp_path)
+    spec = folder / "specs" / "restaurants_public.yaml"
+    spec.write_text(spec.read_text().replace("max_partitions_contributed: 3", "max_partitions_contributed: auto"))
+    page = invoke_clean("explain-budget", str(spec), "--format", "html").stdout
+    assert "split between choosing the auto bounds and the noisy quantities" in page
+    assert "partition selection" not in page.split("How the budget is spent")[1].split("<h2>")[0]
+    from dprun import api
+
+    explained = api.explain(api.validate(spec))
+    labels = [label for label, _, _ in _budget_segments(explained["queries"][0])]
+    assert labels == ["choosing the auto bounds", "visits: rows counted", "spend: sum of spend_eur",
+                      "avg_spend: values of spend_eur counted", "avg_spend: sum of spend_eur"], labels
+    assert not any("(" in label for label in labels)
+
+
+def test_a_key_matplotlib_would_read_as_math_is_drawn_as_text(tmp_path: Path) -> None:
+    """One contributed row with such a key made every release of the spec fail after all the work."""
+    from dprun.card import _plain
+
+    for key in ("$\\nosuchcmd{a}$", "$5-$10", "a$b"):
+        data = pl.DataFrame({"uid": [f"u{i}" for i in range(60)], "k": [key] * 30 + ["plain"] * 30})
+        data.write_csv(tmp_path / "d.csv")
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(json.dumps({
+            "version": 1, "privacy_unit": "uid", "budget": {"epsilon": 1.0},
+            "inputs": {"d": {"path": "d.csv"}},
+            "queries": [{"name": "q", "input": "d", "group_by": ["k"], "partitions": {"public": [key, "plain"]},
+                         "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
+                         "metrics": [{"name": "n", "kind": "count"}], "output": {"path": "out/q.csv"}}],
+            "report": "out/report.json"}))
+        result = invoke_clean("run", str(spec), "--overwrite", "--seed", "1")
+        assert result.exit_code == 0, f"{key}: {everything(result)}"
+        assert html.escape(key) in (tmp_path / "out" / "report.html").read_text()
+        assert _plain(key).count("$") == _plain(key).count("\\$")
+
+
+INTERNAL_NAME = re.compile(r"\b(quantile_tree|quantile_candidates|centered_sum|centered_sumsq|rows|privacy_units|sum)\(")
+
+
+@pytest.mark.parametrize("spec", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_no_internal_quantity_name_reaches_a_reader(spec: Path, tmp_path: Path) -> None:
+    """explain-budget's text, report.md and the card name a quantity by its metric, in words."""
+    folder = example_copy(tmp_path)
+    copy = folder / "specs" / spec.name
+    explained = invoke_clean("explain-budget", str(copy))
+    assert explained.exit_code == 0 and not INTERNAL_NAME.search(explained.stdout), explained.stdout
+    card = released_card(tmp_path / "run", spec, "--seed", "5")
+    for page in (card, card.with_suffix(".md")):
+        found = INTERNAL_NAME.search(page.read_text())
+        assert found is None, f"{page.name}: {found.group(0) if found else ''}"

@@ -74,6 +74,18 @@ class Quantity:
         return math.ldexp(1.0, self.unit_exponent)
 
     @property
+    def description(self) -> str:
+        """The quantity in a reader's words (its `id` is the plan's key for it)."""
+        column = self.column or ""
+        return {
+            "privacy_units": "privacy units counted",
+            "rows": f"values of {column} counted" if column else "rows counted",
+            "sum": f"sum of {column}", "centered_sum": f"sum of {column}",
+            "centered_sumsq": f"sum of squares of {column}",
+            "quantile_tree": f"quantile tree of {column}", "quantile_candidates": f"quantile candidates of {column}",
+        }[self.aggregate]
+
+    @property
     def coordinates(self) -> int:
         """Noisy values one unit can change per partition, each by up to `linf_units`: a tree's levels, else 1.
 
