@@ -208,8 +208,6 @@ def run(
     reserved = _reserve(validated, ledger, lambda: _release(validated, the_plan), new_release, ledger_entries.Pending(
         release_id, [{"query": q.name, "path": str(q.output_path)} for q in the_plan.queries],
         {"path": str(the_plan.report_path)}, source.is_test_seed))
-    if reserved is None and progress is not None:
-        progress("note: no ledger configured; this release is not recorded and a re-run would not be refused")
     try:
         tables, the_plan = _execute(validated, the_plan, overwrite, engine, spark_options, source, progress,
                                     checkpoint, reserved)

@@ -229,9 +229,13 @@ def _spark_options(engine: str, master: str | None, remote: str | None,
     return {"master": master, "remote": remote, "conf": list(conf)}
 
 
+# Said once per run, in its summary.
+NO_LEDGER = "ledger: none configured; this release was not recorded, and a re-run would not be refused"
+
+
 def _ledger_line(status: Status | None) -> str:
     if status is None:
-        return "ledger: none configured; this release was not recorded"
+        return NO_LEDGER
     line = f"ledger: recorded in {status.ledger}; dataset spent {status.spent} in {status.releases} release(s)"
     if status.remaining is not None:
         line += f"; remaining {status.remaining}"
@@ -433,8 +437,9 @@ def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_n
 def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> None:
     """Scaffold a commented spec from DATAFILE's column names and types (never its values).
 
-    The privacy unit and all bounds are left as FILL_IN placeholders to fill from domain
-    knowledge; the spec fails validation until they are filled.
+    The privacy unit is left as a FILL_IN placeholder to fill from domain knowledge (the
+    spec fails validation until it is filled); bounds are `auto`; a CSV file's column types
+    and missing-value tokens are proposed from its first rows, for you to check.
     """
     from dprun import api
 
@@ -443,8 +448,8 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
         return
     text = api.write_scaffold(datafile, output, fmt, force)
     count = api.scaffold_placeholders(text)
-    click.echo(f"wrote {output}: fill its {count} FILL_IN placeholders "
-               f"(privacy unit and bounds), then run `dprun validate {output}`", err=True)
+    click.echo(f"wrote {output}: fill its {count} FILL_IN placeholder(s) (the privacy unit), check the "
+               f"proposed column types, then run `dprun validate {output}`", err=True)
 
 
 @cli.command()

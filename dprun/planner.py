@@ -49,7 +49,7 @@ from dprun.plan import (
     SelectionPlan,
     Unplannable,
 )
-from dprun.quantile_choice import QuantileChoice, quantile_choices
+from dprun.quantile_choice import QuantileChoice, quantile_choices, too_small_for_a_tree
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import public_keys_frame, query_schema
 from dprun.spec.models import BOUND_LIMIT, ContributionBounds, Metric, Query, Spec
@@ -347,13 +347,17 @@ def _selection_share(query: Query, mechanism: str | None) -> float:
 def _noise_choices(query: Query, metric_quantities: MetricQuantities) -> dict[str, NoiseKind | None]:
     """Explicit noise per quantity (None = auto); metrics sharing a quantity must agree."""
     chosen: dict[str, NoiseKind | None] = {}
+    asked_by: dict[str, str] = {}
     for index, (metric, quantities) in enumerate(metric_quantities):
         wanted = metric.noise or query.noise
         kind: NoiseKind | None = None if wanted == "auto" else wanted
         for quantity in quantities:
             if quantity.id in chosen and chosen[quantity.id] not in (None, kind) and kind is not None:
-                raise Unplannable(("metrics", index, "noise"),
-                                  f"this metric shares {quantity.id} with another metric that asks for other noise")
+                raise Unplannable(("metrics", index, "noise"), f"this metric shares its noisy {quantity.description} "
+                                  f"with metric '{asked_by[quantity.id]}', which asks "
+                                  f"for {chosen[quantity.id]} noise; give both the same `noise`")
+            if kind is not None and chosen.get(quantity.id) is None:
+                asked_by[quantity.id] = metric.name
             chosen[quantity.id] = chosen.get(quantity.id) or kind
     return chosen
 
@@ -371,7 +375,13 @@ def _plan_query(
         public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
     # Partitions known before any data is read: one, the public keys, or (private) unknown.
     known = 1 if mode == "global" else public_keys.height if public_keys is not None else math.inf
-    choices = quantile_choices(query, epsilon, delta, validated, known)
+    # The metrics' part of the query's budget, after a separate selection's share (as `_weights` splits it):
+    # a quantile method is chosen among those this part can pay for.
+    metric_weight = sum(metric.budget_share for metric in query.metrics)
+    epsilon_part = metric_weight / (metric_weight + (_selection_share(query, mechanism) if separate else 0.0))
+    delta_part = metric_weight / (metric_weight + (_selection_share(query, mechanism) if mode == "private" else 0.0))
+    choices = quantile_choices(query, epsilon * epsilon_part * SHARE_SAFETY, delta * delta_part * SHARE_SAFETY,
+                               validated, known)
     metric_quantities = _metric_quantities(query, choices)
     weights = _weights(query, metric_quantities, mechanism if separate else None)
     private = mode == "private"
@@ -390,7 +400,12 @@ def _plan_query(
             # A pure-ε selection: tight accounting counts it as a fixed cost and leaves it as planned.
             noisy.append(NoisyQuantity(quantity, plan_candidates(q_eps, l0, list(quantity.levels)), weight))
             continue
-        noise = noise_for(quantity, kinds[qid], l0, q_eps, q_delta)
+        try:
+            noise = noise_for(quantity, kinds[qid], l0, q_eps, q_delta)
+        except ValueError:
+            if quantity.aggregate != "quantile_tree":
+                raise
+            raise _too_small(query, metric_quantities, qid) from None
         if multiplier != 1.0:
             noise = noise.scaled(multiplier)
         noisy.append(NoisyQuantity(quantity, noise, weight))
@@ -476,13 +491,24 @@ def _choose_noise(
             continue
         q_eps = epsilon * weight / total
         q_delta = delta * weight / all_delta if delta > 0 else 0.0
-        laplace = noise_for(q, "laplace", l0, q_eps, 0.0)
-        if not gaussian_allowed(q_delta):
-            kinds[qid] = "laplace"
-            continue
-        gaussian = noise_for(q, "gaussian", l0, q_eps, q_delta)
-        kinds[qid] = "gaussian" if gaussian.std < laplace.std else "laplace"
+        stds: dict[NoiseKind, float] = {}
+        for kind in ("laplace", "gaussian") if gaussian_allowed(q_delta) else ("laplace",):
+            try:
+                stds[kind] = noise_for(q, kind, l0, q_eps, q_delta if kind == "gaussian" else 0.0).std
+            except ValueError:
+                if q.aggregate != "quantile_tree":
+                    raise
+                # A tree whose noise of this kind this share cannot pay for: the other kind may.
+        if not stds:
+            raise _too_small(query, metric_quantities, qid)
+        kinds[qid] = min(stds, key=lambda kind: stds[kind])
     return kinds
+
+
+def _too_small(query: Query, metric_quantities: MetricQuantities, qid: str) -> Unplannable:
+    """A quantile tree its share cannot pay for, located at the first metric that uses it."""
+    index = next(i for i, (_, quantities) in enumerate(metric_quantities) if any(q.id == qid for q in quantities))
+    return Unplannable(("metrics", index), too_small_for_a_tree(query.metrics[index]))
 
 
 def _threshold_quantity(noisy: tuple[NoisyQuantity, ...]) -> NoisyQuantity | None:

@@ -98,9 +98,9 @@ def quantile_choices(query: Query, epsilon: float, delta: float, validated: Vali
                     stds[method] = math.sqrt(2) * rank_error_scale(plan, list(levels), m)
             except ValueError:
                 if len(methods) == 1:
-                    raise
+                    raise Unplannable(("metrics", members[0]), too_small_for_a_tree(metrics[0])) from None
         if not stds:
-            raise ValueError("the budget share of this quantile is too small for either method")
+            raise Unplannable(("metrics", members[0]), too_small_for_a_tree(metrics[0]))
         best: QuantileMethod = min(methods, key=lambda method: stds.get(method, math.inf))
         reason = "the smaller predicted error" if len(stds) > 1 else (
             "set in the spec" if len(methods) == 1 else "the only one its budget allows")
@@ -112,6 +112,16 @@ def quantile_choices(query: Query, epsilon: float, delta: float, validated: Vali
         choice = QuantileChoice(best, reason, levels, tree, count, tuple(sorted(stds.items())))
         choices |= dict.fromkeys(members, choice)
     return choices
+
+
+def too_small_for_a_tree(metric: Metric) -> str:
+    """Why a quantile metric cannot be planned, in the spec's words, and what to change."""
+    bounds = "auto" if metric.bounds == "auto" else f"[{', '.join(f'{b:g}' for b in metric.fixed_bounds() or ())}]"
+    advice = "give it a larger `budget_share`, the spec a larger ε, or the query smaller contribution bounds"
+    if metric.noise is None:
+        advice += ", or set `quantile_method: candidates`"
+    return (f"metric '{metric.name}' ({metric.kind} of {metric.column}, bounds {bounds}): its share of the budget is "
+            f"too small for the noise of a quantile tree; {advice}")
 
 
 def _allowed_methods(metrics: list[Metric], indices: list[int]) -> list[QuantileMethod]:

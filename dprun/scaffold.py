@@ -1,12 +1,15 @@
 """`dprun init DATAFILE`: a commented spec scaffolded from a data file's schema.
 
-Only column names and types are used: Parquet's from the file footer, CSV's and NDJSON's
-from the header and the small sample Polars infers types from. The spec then declares
-those types under the input's `columns:` (a run never infers a type from the data: the
-user reviews these). No value is read into the scaffold or printed. Everything that must come from
-domain knowledge rather than from the data (the privacy unit, contribution bounds,
-value bounds) is left as the placeholder `FILL_IN`, so the scaffold fails validation,
-with a message saying so, until the user fills it in.
+Only column names and types are used: Parquet's from the file footer; CSV's proposed from
+its first rows (`scaffold_columns`: the narrowest type each column's values parse as, the
+usual missing-value tokens set aside and listed under `null_values`), NDJSON's as Polars
+infers them. The spec then declares those types under the input's `columns:` (a run never
+infers a type from the data: the user reviews these). No value is read into the scaffold
+or printed. What must come from domain knowledge rather than from the data, the privacy
+unit, is left as the placeholder `FILL_IN`, so the scaffold fails validation, with a
+message saying so, until the user fills it in; the bounds are `auto` (chosen with DP).
+The metric suggestions put measures before columns named like identifiers, codes or
+calendar fields.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from dprun.errors import Problem, SpecError
+from dprun.scaffold_columns import ProposedColumn, propose_csv, propose_from_schema
 from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, input_format
 
 PLACEHOLDER = "FILL_IN"
@@ -46,26 +50,19 @@ def _type_name(dtype: pl.DataType) -> str:
     return re.sub(r"[^A-Za-z0-9_()\[\], ]", "", str(dtype))
 
 
-# The spec's name for each type `init` can declare (`columns:`).
-_SPEC_TYPES: dict[type[pl.DataType], str] = {
-    pl.Int8: "int64", pl.Int16: "int64", pl.Int32: "int64", pl.Int64: "int64", pl.UInt8: "int64",
-    pl.UInt16: "int64", pl.UInt32: "int64", pl.Float32: "float64", pl.Float64: "float64",
-    pl.Boolean: "bool", pl.String: "string", pl.Date: "date", pl.Datetime: "datetime",
-}
-
-
-def _inferred_schema(path: Path, fmt: str) -> dict[str, pl.DataType]:
-    """Parquet's footer schema; CSV's and NDJSON's as Polars infers it from the first rows (for the
-    user to review: `validate` and `run` read the types the spec declares)."""
+def _proposals(path: Path, fmt: str) -> list[ProposedColumn]:
+    """Parquet's footer types; CSV's proposed from its first rows (`scaffold_columns`); NDJSON's as
+    Polars infers them from its first rows (for the user to review: `validate` and `run` read the
+    types the spec declares)."""
     if fmt == "parquet":
-        return dict(pl.scan_parquet(path).collect_schema())
+        return propose_from_schema(dict(pl.scan_parquet(path).collect_schema()))
     if fmt == "csv":
-        return dict(pl.scan_csv(path, infer_schema_length=SCHEMA_SAMPLE_ROWS).collect_schema())
-    return dict(pl.scan_ndjson(path, infer_schema_length=SCHEMA_SAMPLE_ROWS).collect_schema())
+        return propose_csv(path)
+    return propose_from_schema(dict(pl.scan_ndjson(path, infer_schema_length=SCHEMA_SAMPLE_ROWS).collect_schema()))
 
 
-def describe(path: Path, fmt: str | None = None) -> tuple[str, dict[str, pl.DataType]]:
-    """The file's format and its schema (names and types only)."""
+def describe(path: Path, fmt: str | None = None) -> tuple[str, list[ProposedColumn]]:
+    """The file's format and what `init` proposes for each column (names and types only)."""
     found = input_format(str(path), fmt)
     if found is None:
         raise SpecError([Problem(str(path), None, None, "",
@@ -73,51 +70,54 @@ def describe(path: Path, fmt: str | None = None) -> tuple[str, dict[str, pl.Data
     if not path.is_file():
         raise SpecError([Problem(str(path), None, None, "", "data file not found")])
     try:
-        schema = _inferred_schema(path, found)
+        columns = _proposals(path, found)
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
         # Polars' own message may quote a value; never pass it on.
         raise SpecError([Problem(str(path), None, None, "",
                                  f"cannot read the {found} schema ({type(exc).__name__}); "
                                  f"is it a valid {found} file?")]) from None
-    if not schema:
+    if not columns:
         raise SpecError([Problem(str(path), None, None, "", "the file has no columns (empty file?)")])
-    return found, schema
+    return found, columns
+
+
+def _metric_candidates(columns: list[ProposedColumn]) -> list[ProposedColumn]:
+    """Numbers to sum or average: measures first (floats, then whole numbers), then the numbers whose
+    names say identifier, code or calendar field, never the identifiers the unit candidates are."""
+    numbers = [c for c in columns if c.kind in ("int64", "float64") and not _ID_LIKE.search(c.name)]
+    return sorted(numbers, key=lambda c: (not c.is_measure_like, c.kind != "float64"))
 
 
 def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = None) -> str:
     """The scaffold's text. Paths in it are relative to `spec_path`'s folder (else the working folder)."""
-    found, schema = describe(data_path, fmt)
+    found, columns = describe(data_path, fmt)
     base = (spec_path.resolve().parent if spec_path is not None else Path.cwd())
     relative = os.path.relpath(data_path.resolve(), base)
     stem = _identifier(data_path.name.split(".")[0], "data")
-    names = list(schema)
-    numeric = [c for c in names if schema[c].is_numeric()]
-    floats = [c for c in numeric if schema[c].is_float()]
-    keys = [c for c in names if not schema[c].is_float() and not schema[c].is_nested()]
-    units = sorted(keys, key=lambda c: 0 if _ID_LIKE.search(c) else 1)
-    group_candidates = [c for c in keys if not _ID_LIKE.search(c)]
-    values = floats + [c for c in numeric if c not in floats and not _ID_LIKE.search(c)]
+    keys = [c for c in columns if c.kind is not None and c.kind != "float64"]
+    units = sorted(keys, key=lambda c: 0 if _ID_LIKE.search(c.name) else 1)
+    # Categories first (text, dates, numbers named like codes or calendar fields), measures last.
+    group_candidates = sorted((c for c in keys if not _ID_LIKE.search(c.name)),
+                              key=lambda c: (c.is_measure_like, c.kind not in ("string", "bool", "date")))
+    values = _metric_candidates(columns)
 
-    def listing(columns: list[str], limit: int = 12) -> str:
-        shown = ", ".join(f"{_quote(c)} ({_type_name(schema[c])})" for c in columns[:limit])
-        more = f", and {len(columns) - limit} more" if len(columns) > limit else ""
+    def listing(chosen: list[ProposedColumn], limit: int = 12) -> str:
+        shown = ", ".join(f"{_quote(c.name)} ({c.kind})" for c in chosen[:limit])
+        more = f", and {len(chosen) - limit} more" if len(chosen) > limit else ""
         return (shown + more) or "(none)"
 
     types_from = ("types from the file footer" if found == "parquet"
-                  else f"types inferred from the header and up to {SCHEMA_SAMPLE_ROWS} sample rows")
+                  else f"types proposed from the header and up to {SCHEMA_SAMPLE_ROWS} sample rows")
     lines = [
         f"# dprun spec scaffolded by `dprun init` from the column names and types of {_quote(relative)}",
         f"# ({found}; {types_from}).",
         "# No data value was read into this file.",
         "#",
         f"# Before running: replace every {PLACEHOLDER} below; `dprun validate` fails until you do.",
-        "# Choose every bound from domain knowledge, NEVER computed from the data: such bounds",
-        "# leak it and void the privacy guarantee. Or write `auto`: dprun then chooses the bound",
-        "# from the data with differential privacy, paid from the query's budget. docs/spec.md",
-        "# documents every field.",
-        "#",
-        "# Columns:",
-        *[f"#   {_quote(c)}: {_type_name(schema[c])}" for c in names],
+        "# Bounds are `auto`: dprun chooses them from the data with differential privacy, paid from",
+        "# the query's budget (`dprun profile` shows the data's shape first). Or write bounds from",
+        "# domain knowledge, NEVER computed from the data: such bounds leak it and void the privacy",
+        "# guarantee. docs/spec.md documents every field.",
         "version: 1",
         f"name: {_quote(stem)}",
         "# The privacy unit: the column identifying whom the release protects (a person, a",
@@ -141,25 +141,20 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         f"  {stem}:",
         f"    path: {_quote(relative)}  # relative to this spec file",
         f"    format: {found}",
-        *_declared_columns(schema, found),
+        *_missing_values(columns),
+        *_declared_columns(columns, found),
         "queries:",
         f"  - name: {stem}",
         f"    input: {stem}",
         "    # Partition by columns (e.g. categories, dates) to release one row per key. The keys",
         "    # are then selected privately unless listed under `partitions: {public: [...]}`.",
         f"    # Candidates: {listing(group_candidates)}",
-    ]
-    if group_candidates:
-        lines.append(f"    # group_by: [{_quote(group_candidates[0])}]")
-    else:
-        lines.append("    # group_by: [column]")
-    lines += [
+        f"    # group_by: [{_quote(group_candidates[0].name) if group_candidates else 'column'}]",
         "    contribution_bounds:",
         "      # How many partitions (group_by keys; 1 without group_by) one privacy unit may",
         "      # contribute to, and how many of its rows count in each; the rest are dropped at random.",
-        "      # `auto`: chosen from the data with DP (`dprun profile` shows the data's shape first).",
-        f"      max_partitions_contributed: {PLACEHOLDER}",
-        f"      max_contributions_per_partition: {PLACEHOLDER}",
+        "      max_partitions_contributed: auto",
+        "      max_contributions_per_partition: auto",
         "    metrics:",
         "      - {name: rows, kind: count}",
         "      - {name: people, kind: privacy_id_count}",
@@ -167,17 +162,17 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
     used = {"rows", "people"}
     if values:
         lines += [
-            "      # bounds: [lower, upper], the range of plausible values of the column, from domain",
-            "      # knowledge (or `auto`, chosen with DP); values outside it are clamped. Other kinds:",
-            "      # mean, variance, stddev, quantile (with q), median, min, max.",
+            "      # Numbers to sum, measures first (columns named like identifiers, codes or calendar",
+            "      # fields last). bounds: [lower, upper], the plausible range from domain knowledge, or",
+            "      # `auto`; values outside are clamped. Other kinds: mean, variance, stddev, quantile",
+            "      # (with q), median, min, max.",
         ]
         for index, column in enumerate(values[:12]):
-            name = _identifier(column, "value") + "_sum"
+            name = _identifier(column.name, "value") + "_sum"
             while name in used:
                 name = f"{name}_"
             used.add(name)
-            metric = (f"- {{name: {name}, kind: sum, column: {_quote(column)}, "
-                      f"bounds: [{PLACEHOLDER}, {PLACEHOLDER}]}}")
+            metric = f"- {{name: {name}, kind: sum, column: {_quote(column.name)}, bounds: auto}}"
             lines.append(f"      {metric}" if index == 0 else f"      # {metric}")
     lines += [
         "    output:",
@@ -187,17 +182,34 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
     return "\n".join(lines) + "\n"
 
 
-def _declared_columns(schema: dict[str, pl.DataType], fmt: str) -> list[str]:
-    """The input's `columns:` lines for a CSV or NDJSON file: the types inferred, for the user to check."""
-    kinds = {name: _SPEC_TYPES.get(type(dtype)) for name, dtype in schema.items()}
-    if fmt == "parquet" or not any(kinds.values()):
+def _missing_values(columns: list[ProposedColumn]) -> list[str]:
+    """The input's `null_values`: every missing-value token a column's proposed type needs read as missing."""
+    tokens = list(dict.fromkeys(token for column in columns for token in column.tokens))
+    if not tokens:
         return []
-    lines = ["    # The column types dprun reads with, inferred from the first rows by `dprun init`:",
-             "    # check them (a CSV column not listed is read as text; an NDJSON input has these columns).",
+    return ["    # Texts the file writes for a missing value (without them the columns marked below are text):",
+            f"    null_values: [{', '.join(_quote(token) for token in tokens)}]"]
+
+
+def _declared_columns(columns: list[ProposedColumn], fmt: str) -> list[str]:
+    """The input's `columns:` lines (CSV and NDJSON): the proposed types, for the user to check, and
+    the columns Parquet's footer types (as comments: the footer declares them)."""
+    if fmt == "parquet":
+        return ["    # Columns (types from the file footer):",
+                *[f"    #   {_quote(c.name)}: {_type_name(c.dtype)}" for c in columns]]
+    if not any(c.kind for c in columns):
+        return []
+    lines = ["    # The column types dprun reads with, proposed by `dprun init` from the first rows: check",
+             "    # them (a CSV column not listed is read as text; an NDJSON input has these columns).",
              "    columns:"]
-    for name, kind in kinds.items():
-        lines.append(f"      {_quote(name)}: {kind}" if kind else
-                     f"      # {_quote(name)}: {_type_name(schema[name])} has no spec type; not read")
+    for column in columns:
+        if column.kind is None:
+            lines.append(f"      # {_quote(column.name)}: {_type_name(column.dtype)} has no spec type; not read")
+            continue
+        kind = column.kind if column.format is None else f"{{type: {column.kind}, format: {_quote(column.format)}}}"
+        why = (f"  # {', '.join(_quote(t) for t in column.tokens)} read as missing (`null_values`)"
+               if column.tokens else "")
+        lines.append(f"      {_quote(column.name)}: {kind}{why}")
     return lines
 
 

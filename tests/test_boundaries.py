@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dprun"
 LAYERS: list[tuple[str, ...]] = [
     ("dprun", "dprun.errors", "dprun.malloc_tuning"),
     ("dprun.mechanisms", "dprun.spec", "dprun.ledger", "dprun.publish", "dprun.verify"),
-    ("dprun.plan", "dprun.quantile_choice", "dprun.planner", "dprun.scaffold"),
+    ("dprun.plan", "dprun.quantile_choice", "dprun.planner", "dprun.scaffold", "dprun.scaffold_columns"),
     ("dprun.postprocess", "dprun.report", "dprun.render", "dprun.card"),
     ("dprun.engines",),
     ("dprun.api",),

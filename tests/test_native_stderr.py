@@ -67,8 +67,9 @@ def write_corrupt_parquet(path: Path, rng: np.random.Generator) -> None:
 
 def assert_names_the_corrupt_file(done: subprocess.CompletedProcess[str], path: Path, seed: int) -> None:
     assert done.returncode == 3, f"seed={seed}: exit {done.returncode}: {done.stderr}"
-    assert done.stderr == f"error: {path}: the Parquet file's data pages cannot be decoded (a corrupt or truncated " \
-        "file?); write the file again (nothing was counted)\n", f"seed={seed}: {done.stderr!r}"
+    # The file as the spec names it (its path relative to the spec's folder).
+    assert done.stderr == f"error: {path.name}: the Parquet file's data pages cannot be decoded (a corrupt or " \
+        "truncated file?); write the file again (nothing was counted)\n", f"seed={seed}: {done.stderr!r}"
     assert not leaks(done.stderr), f"seed={seed}: {done.stderr!r}"
     assert not (path.parent / "out").exists(), f"seed={seed}: something was published"
 

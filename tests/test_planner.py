@@ -284,6 +284,33 @@ def test_conflicting_quantile_methods_on_one_column_are_located(tmp_path: Path) 
     assert "quantile_method" in problem.message and problem.line is not None
 
 
+def test_a_quantile_with_private_partitions_and_auto_contribution_bounds_plans(tmp_path: Path) -> None:
+    """Before its bounds are chosen, such a query is planned at the largest candidates (L0 = 128, m = 256),
+    where the selection's share left the tree too little ε for a noise grid no coarser than its
+    weights: planning failed, naming an internal quantity. The method is now chosen at the share the
+    metrics really get, and a noise kind that share cannot pay for is left out."""
+    metrics = [{"name": "n", "kind": "count"}, {"name": "avg", "kind": "mean", "column": "value", "bounds": "auto"},
+               {"name": "med", "kind": "median", "column": "value", "bounds": "auto"},
+               {"name": "typical", "kind": "median", "column": "value", "bounds": [0, 60]}]
+    plan = planned(tmp_path, {"budget": {"epsilon": 1.0, "delta": 1e-6}, "queries": [query(
+        "q", metrics, l0="auto", m="auto", group_by=["region"])]})
+    assert [m.quantile_method for m in plan.queries[0].metrics[2:]] == ["tree", "tree"]
+
+
+def test_a_quantile_its_share_cannot_pay_for_is_refused_in_the_spec_words(tmp_path: Path) -> None:
+    metrics = [{"name": "n", "kind": "count", "budget_share": 10**6},
+               {"name": "mid", "kind": "median", "column": "value", "bounds": [-60, 240], "quantile_method": "tree"}]
+    with pytest.raises(SpecError) as caught:
+        planned(tmp_path, {"budget": {"epsilon": 1.0, "delta": 1e-6}, "queries": [
+            query("q", metrics, l0=100, m=1000, group_by=["region"])]})
+    (problem,) = caught.value.problems()
+    assert problem.field == "queries[0].metrics[1]" and problem.line is not None, problem
+    assert "metric 'mid' (median of value, bounds [-60, 240]): its share of the budget is too small for the noise " \
+        "of a quantile tree; give it a larger `budget_share`" in problem.message, problem.message
+    assert "set `quantile_method: candidates`" in problem.message
+    assert "quantile_tree(" not in problem.message
+
+
 @pytest.mark.parametrize(("dtype", "bounds", "expected"), [
     (pl.Int64, [-60, 240], 301), (pl.Float64, [-60, 240], 601), (pl.Int64, [0, 10_000], 1001),
     (pl.Int64, [0.5, 10], 951), (pl.Float64, [0, 1 / 3], 1024)])

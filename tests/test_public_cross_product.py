@@ -55,7 +55,7 @@ def test_every_combination_of_listed_and_file_values_is_released(tmp_path: Path)
     ({"carrier": CARRIERS, "origin": {"file": "airports.csv", "column": "iata"}},
      "queries[0].partitions.public.origin.file", "lacks column iata"),
     ({"carrier": CARRIERS, "origin": {"file": "flights.parquet", "column": "origin"}},
-     "queries[0].partitions.public.origin.file", "the public partition file is an input of this spec"),
+     "queries[0].partitions.public.origin.file", "the public partition file is a private input of this spec"),
     ({"carrier": [f"c{i}" for i in range(4000)], "origin": [f"o{i}" for i in range(4000)]},
      "queries[0].partitions.public", "more than 10,000,000 keys"),
 ])

@@ -44,12 +44,9 @@ def no_values(text: str) -> None:
     assert PLANTED_NUMBER not in text and "918273" not in text, text
 
 
-def fill(text: str, unit: str, values: list[str]) -> str:
-    """What a user does: name the privacy unit and write bounds from domain knowledge."""
+def fill(text: str, unit: str) -> str:
+    """What a user does: name the privacy unit (the bounds are `auto`)."""
     text = text.replace(f"privacy_unit: {PLACEHOLDER}", f"privacy_unit: {json.dumps(unit)}")
-    text = text.replace(f"max_partitions_contributed: {PLACEHOLDER}", "max_partitions_contributed: 1")
-    text = text.replace(f"max_contributions_per_partition: {PLACEHOLDER}", "max_contributions_per_partition: 3")
-    text = text.replace(f"[{PLACEHOLDER}, {PLACEHOLDER}]", "[0, 50]")
     assert not placeholder_lines(text), text
     return text
 
@@ -63,9 +60,7 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     assert printed.exit_code == 0, printed.output
     text = printed.stdout
     no_values(text + printed.stderr)
-    for column, dtype in (("user_id", "Int64"), ("shop", "String"), ("spend", "Float64"), ("day", "Int64")):
-        assert f'"{column}": {dtype}' in text, text
-    assert '"spend", bounds: [FILL_IN, FILL_IN]' in text
+    assert '"spend", bounds: auto}' in text and "max_partitions_contributed: auto" in text
     # The spec declares the types init saw: a run reads CSV types from the spec, never from rows.
     for column, kind in (("user_id", "int64"), ("shop", "string"), ("spend", "float64"), ("day", "int64")):
         assert f'\n      "{column}": {kind}\n' in text, text
@@ -76,17 +71,14 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     refused = invoke_clean("validate", "spec.yaml")
     assert refused.exit_code == 1, refused.output
     no_values(refused.output)
-    errors = refused.stderr.strip().splitlines()
-    assert len(errors) == 4, refused.stderr  # privacy unit, 2 contribution bounds, 1 value bounds pair
-    lines = list(dict.fromkeys(line for line, _ in placeholder_lines(text)))
-    for error, line in zip(errors, lines, strict=True):
-        assert error.startswith(f"error: spec.yaml:{line}:"), error
-        assert "placeholder" in error and "dprun init" in error and "domain knowledge" in error, error
-    assert "privacy_unit" in errors[0] and "max_partitions_contributed" in errors[1] and "bounds" in errors[3]
+    (error,) = refused.stderr.strip().splitlines()  # the privacy unit only
+    (line,) = {line for line, _ in placeholder_lines(text)}
+    assert error.startswith(f"error: spec.yaml:{line}:") and "privacy_unit" in error, error
+    assert "placeholder" in error and "dprun init" in error and "domain knowledge" in error, error
     as_json = json.loads(invoke_clean("validate", "spec.yaml", "--format", "json").stdout)
     assert as_json["ok"] is False and all("placeholder" in p["message"] for p in as_json["problems"])
 
-    spec.write_text(fill(text, "user_id", ["0", "50"]))
+    spec.write_text(fill(text, "user_id"))
     validated = invoke_clean("validate", "spec.yaml")
     assert validated.exit_code == 0, validated.output
     ran = invoke_clean("run", "spec.yaml", "--seed", str(seed))
@@ -97,16 +89,45 @@ def test_init_scaffolds_a_csv_spec_that_validates_once_filled(tmp_path: Path, mo
     assert invoke_clean("run", "spec.yaml", "--seed", str(seed)).exit_code == 5
 
 
-def test_init_partially_filled_still_names_the_rest(tmp_path: Path) -> None:
-    frame(1).write_csv(tmp_path / "visits.csv")
-    spec = tmp_path / "spec.yaml"
-    text = api.scaffold(tmp_path / "visits.csv", spec)
-    spec.write_text(text.replace(f"privacy_unit: {PLACEHOLDER}", "privacy_unit: user_id")
-                    .replace(f"[{PLACEHOLDER}, {PLACEHOLDER}]", "[0, 50]"))
-    result = invoke_clean("validate", str(spec))
-    assert result.exit_code == 1
-    errors = result.stderr.strip().splitlines()
-    assert len(errors) == 2 and all("contribution_bounds" in e and "placeholder" in e for e in errors), errors
+def r_style_flights(path: Path, seed: int, rows: int = 2000) -> None:
+    """Flights as R writes them: NA for a missing delay, ISO times with a Z, identifiers and calendar
+    fields as whole numbers beside the delays."""
+    rng = np.random.default_rng(seed)
+    delay = rng.integers(-30, 300, rows).astype(str)
+    delay[rng.random(rows) < 0.05] = "NA"
+    delay[3] = "NA"  # within any sample
+    frame = pl.DataFrame({
+        "year": [2013] * rows, "month": rng.integers(1, 13, rows), "flight": rng.integers(1, 3000, rows),
+        "tailnum": [f"N{n}" for n in rng.integers(100, 999, rows)],
+        "carrier": rng.choice(["AA", "B6", "UA"], rows), "arr_delay": delay,
+        "distance": rng.integers(100, 4000, rows),
+        "time_hour": [f"2013-01-{d:02d}T{h:02d}:00:00Z" for d, h in zip(rng.integers(1, 29, rows),
+                                                                        rng.integers(5, 23, rows))],
+    })
+    frame.write_csv(path)
+
+
+def test_init_on_an_r_style_csv_proposes_null_values_types_and_measures_first(tmp_path: Path) -> None:
+    seed = int.from_bytes(os.urandom(6), "big")
+    r_style_flights(tmp_path / "flights.csv", seed)
+    spec = tmp_path / "flights.yaml"
+    result = invoke_clean("init", str(tmp_path / "flights.csv"), "-o", str(spec))
+    assert result.exit_code == 0 and "fill its 1 FILL_IN placeholder(s) (the privacy unit)" in result.stderr, \
+        result.output
+    text = spec.read_text()
+    assert '    null_values: ["NA"]' in text, f"seed={seed}: {text}"
+    assert '      "arr_delay": int64  # "NA" read as missing (`null_values`)' in text, text
+    assert '      "time_hour": {type: datetime, format: "%Y-%m-%dT%H:%M:%S%.fZ"}' in text, text
+    assert '      "carrier": string\n' in text and '      "tailnum": string\n' in text
+    metrics = re.findall(r'column: "(\w+)", bounds: auto', text)
+    assert metrics[:2] == ["arr_delay", "distance"], metrics  # measures before year, month, flight
+    assert set(metrics[2:]) == {"year", "month", "flight"}, metrics
+
+    spec.write_text(fill(text, "tailnum"))
+    validated = invoke_clean("validate", str(spec))
+    assert validated.exit_code == 0, f"seed={seed}: {validated.output}"
+    ran = invoke_clean("run", str(spec), "--seed", str(seed % 2**32))
+    assert ran.exit_code == 0, f"seed={seed}: {ran.output}"
 
 
 def test_init_reads_only_the_parquet_footer(tmp_path: Path) -> None:
@@ -124,7 +145,7 @@ def test_init_reads_only_the_parquet_footer(tmp_path: Path) -> None:
     (tmp_path / "specs").mkdir()
     result = invoke_clean("init", str(data), "-o", str(tmp_path / "specs" / "visits.yaml"))
     assert result.exit_code == 0, result.output
-    assert "wrote" in result.stderr and "5 FILL_IN" in result.stderr, result.stderr
+    assert "wrote" in result.stderr and "1 FILL_IN" in result.stderr, result.stderr
     text = (tmp_path / "specs" / "visits.yaml").read_text()
     no_values(text)
     assert 'path: "../data/visits.parquet"' in text and "types from the file footer" in text
@@ -138,7 +159,7 @@ def test_init_parquet_scaffold_runs_once_filled(tmp_path: Path) -> None:
     spec = tmp_path / "specs" / "visits.yaml"
     spec.parent.mkdir()
     assert invoke_clean("init", str(data), "--output", str(spec)).exit_code == 0
-    spec.write_text(fill(spec.read_text(), "user_id", ["0", "50"]))
+    spec.write_text(fill(spec.read_text(), "user_id"))
     result = invoke_clean("run", str(spec), "--seed", str(seed))
     assert result.exit_code == 0, result.output
     no_values(result.output)
@@ -155,7 +176,7 @@ def test_init_ndjson_and_awkward_column_names(tmp_path: Path) -> None:
     no_values(text)
     assert "format: ndjson" in text and '"spend: eur"' in text
     assert "spend_eur_sum" in text
-    spec.write_text(fill(text, "person #1", ["0", "50"]))
+    spec.write_text(fill(text, "person #1"))
     result = invoke_clean("validate", str(spec))
     assert result.exit_code == 0, result.output
 
@@ -179,6 +200,6 @@ def test_init_without_numeric_columns(tmp_path: Path) -> None:
     text = api.scaffold(tmp_path / "c.csv", tmp_path / "c.yaml")
     assert "kind: sum" not in text
     spec = tmp_path / "c.yaml"
-    spec.write_text(fill(text, "uid", []))
+    spec.write_text(fill(text, "uid"))
     assert invoke_clean("validate", str(spec)).exit_code == 0
     assert re.search(r"# group_by: \[\"colour\"\]", text)

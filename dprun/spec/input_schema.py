@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,6 +76,17 @@ class InputInfo:
     schema: dict[str, pl.DataType]
     reading: InputSpec
     joins: tuple[Joined, ...] = ()
+    base_dir: Path | None = None  # the spec's folder, which a relative `path` is relative to
+
+    def shown(self, path: Path) -> str:
+        """One of the input's files as the spec names it: its `path` as written, or for a glob the
+        file relative to the spec's folder (absolute where the spec wrote an absolute path)."""
+        pattern = self.reading.path
+        if not glob.has_magic(pattern) and len(self.paths) == 1:
+            return pattern
+        if self.base_dir is None or Path(pattern).is_absolute():
+            return str(path)
+        return os.path.relpath(path, self.base_dir)
 
     @property
     def joined_schema(self) -> dict[str, pl.DataType]:
@@ -214,17 +226,18 @@ def _typed(frame: pl.LazyFrame, types: dict[str, ColumnType]) -> pl.LazyFrame:
     return frame.with_columns(conversions) if conversions else frame
 
 
-def typed(column: pl.Expr, kind: ColumnType) -> pl.Expr:
+def typed(column: pl.Expr, kind: ColumnType, strict: bool = True) -> pl.Expr:
     """A column as the type the spec gives it: dates parsed with their format (ISO 8601's
-    without one), others cast strictly."""
+    without one), others cast; strictly (a value that does not convert is an error), or
+    with `strict=False` as a null (`strict_rows` finds such values that way)."""
     text = column.cast(pl.String)
     if kind.type == "date":
-        return text.str.to_date(kind.format or ISO_DATE, strict=True)
+        return text.str.to_date(kind.format or ISO_DATE, strict=strict)
     if kind.type == "datetime":
         if kind.format is None:
-            return text.str.replace("T", " ", literal=True).str.to_datetime(ISO_DATETIME, time_unit="us", strict=True)
-        return text.str.to_datetime(kind.format, time_unit="us", strict=True)
-    return column.cast(COLUMN_TYPES[kind.type], strict=True)
+            text = text.str.replace("T", " ", literal=True)
+        return text.str.to_datetime(kind.format or ISO_DATETIME, time_unit="us", strict=strict)
+    return column.cast(COLUMN_TYPES[kind.type], strict=strict)
 
 
 def _header_names_twice(paths: tuple[Path, ...], reading: InputSpec) -> list[str]:
@@ -309,7 +322,7 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
         if twice:
             findings.append((at, f"the CSV header names column(s) {', '.join(twice)} more than once"))
             continue
-        infos[name] = InputInfo(name, paths, fmt, schema, declared)
+        infos[name] = InputInfo(name, paths, fmt, schema, declared, base_dir=base_dir)
     for index, query in enumerate(spec.queries):
         info = infos.get(query.private_input)
         if info is not None and not isinstance(query.input, str):

@@ -131,10 +131,13 @@ def _unique_query_names(spec: Spec) -> Iterator[Finding]:
         seen.add(query.name)
 
 
-def _input_paths(spec: Spec, base_dir: Path) -> set[Path]:
-    """Every data file the spec's inputs name (each file a glob matches), resolved through symlinks."""
+def _input_paths(spec: Spec, base_dir: Path, *, private_only: bool = False) -> set[Path]:
+    """Every data file the spec's inputs (or its private inputs only) name (each file a glob
+    matches), resolved through symlinks."""
     read: set[Path] = set()
     for declared in spec.inputs.values():
+        if private_only and declared.public:
+            continue
         pattern = declared.path if Path(declared.path).is_absolute() else str(base_dir / declared.path)
         read.add(Path(pattern).resolve())
         read |= {Path(p).resolve() for p in glob.glob(pattern, recursive=True)}
@@ -154,14 +157,15 @@ def _key_files(query: Query) -> list[tuple[tuple[str, ...], str, str | None]]:
 
 
 def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
-    """Public keys read from the private data would be the data's own keys, released without selection."""
-    inputs = _input_paths(spec, base_dir)
+    """Public keys read from the private data would be the data's own keys, released without selection.
+    A public input (a lookup table) is a public source: its file may hold the keys too."""
+    inputs = _input_paths(spec, base_dir, private_only=True)
     for index, query in enumerate(spec.queries):
         for field, path, _ in _key_files(query):
             if (base_dir / path).resolve() in inputs:
                 yield ("queries", index, "partitions", *field), (
-                    "the public partition file is an input of this spec: public keys must come from a public "
-                    "source, not from the private data (use private selection instead, see docs/privacy.md)"
+                    "the public partition file is a private input of this spec: public keys must come from a "
+                    "public source, not from the private data (use private selection instead, see docs/privacy.md)"
                 )
 
 

@@ -22,7 +22,6 @@ carry their schema per file and need no such pass.
 from __future__ import annotations
 
 import csv
-import datetime
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -50,20 +49,21 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
     the schema reads as numbers or booleans otherwise (a metric's float64), which costs about five times as long: `run` does that
     only after Polars has failed on a value, to say where (`validate` on its sample)."""
     for path in info.paths:
+        shown = info.shown(path)
         try:
             if info.format == "csv":
-                _check_csv(path, info, limit, every_value)
+                _check_csv(path, shown, info, limit, every_value)
             elif info.format == "ndjson":
-                _check_ndjson(path, info.schema, limit, every_value)
+                _check_ndjson(path, shown, info.schema, limit, every_value)
             elif every_value and limit is None:  # a whole column: never in validate's sample
-                _check_parquet_pages(path)
-                _check_parquet_types(path, info)
+                _check_parquet_pages(path, shown)
+                _check_parquet_types(path, shown, info)
         except OSError as exc:
-            raise DataError(f"{path}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
+            raise DataError(f"{shown}: cannot read the input ({exc.strerror or type(exc).__name__}); was it "
                             "changed or removed while dprun ran?") from None
 
 
-def _check_csv(path: Path, info: InputInfo, limit: int | None, every_value: bool) -> None:
+def _check_csv(path: Path, shown: str, info: InputInfo, limit: int | None, every_value: bool) -> None:
     reading = info.reading
     with _csv_text(path) as handle:
         reader = csv_rows(handle, reading)
@@ -73,22 +73,75 @@ def _check_csv(path: Path, info: InputInfo, limit: int | None, every_value: bool
         # Without a header the columns have the names Polars gave them, in file order.
         names = first if reading.has_header else [name for name in info.schema if name not in reading.derive]
         checks = _value_checks(names, info, every_value)
+        temporal = [_Temporal(index, name, kind) for index, name, kind, _ in checks if kind.type in TEMPORAL]
+        checks = [check for check in checks if check[2].type not in TEMPORAL]
+
+        def held_values_parse() -> None:
+            """Raise at the first held date or time that does not parse (it comes before the current row)."""
+            failures = [failure for column in temporal if (failure := column.first_unparsed()) is not None]
+            if failures:
+                line, name, kind, text = min(failures)
+                raise _unparsed(shown, line, name, kind, text, info)
+
         if not reading.has_header:
             rows = _prepend(first, rows)
         try:
             for row in islice(rows, limit):
                 if len(row) != width:
-                    raise DataError(f"{path}: line {reader.line_num} has {len(row)} fields, the header has "
+                    held_values_parse()
+                    raise DataError(f"{shown}: line {reader.line_num} has {len(row)} fields, the header has "
                                     f"{width}; fix or remove the row (nothing was counted)")
                 for index, name, kind, parses in checks:
                     text = row[index]
                     if text and text not in reading.null_values and not parses(text):
-                        raise DataError(f"{path}: line {reader.line_num}: column '{name}' does not parse as "
-                                        f"{_described(kind)}{_why_typed(name, info)}; fix the row (nothing was "
-                                        "counted)")
+                        held_values_parse()
+                        raise _unparsed(shown, reader.line_num, name, kind, text, info)
+                for column in temporal:
+                    text = row[column.index]
+                    if text and text not in reading.null_values:
+                        column.hold(reader.line_num, text)
+                if any(column.full for column in temporal):
+                    held_values_parse()
         except csv.Error:
-            raise DataError(f"{path}: line {reader.line_num} is not valid CSV (an unterminated quote?); "
+            held_values_parse()
+            raise DataError(f"{shown}: line {reader.line_num} is not valid CSV (an unterminated quote?); "
                             "fix the row (nothing was counted)") from None
+        held_values_parse()
+
+
+TEMPORAL = ("date", "datetime")
+
+
+class _Temporal:
+    """A date or datetime column's values, parsed by Polars in batches with the very expression the
+    engines run (`input_schema.typed`), so that this check and the run agree on what parses (chrono's
+    formats, `%.f` among them, are not Python's)."""
+
+    BATCH = 1 << 16
+
+    def __init__(self, index: int, name: str, kind: ColumnType) -> None:
+        self.index, self.name, self.kind = index, name, kind
+        self.lines: list[int] = []
+        self.texts: list[str] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.texts) >= self.BATCH
+
+    def hold(self, line: int, text: str) -> None:
+        self.lines.append(line)
+        self.texts.append(text)
+
+    def first_unparsed(self) -> tuple[int, str, ColumnType, str] | None:
+        """The first held value that does not parse (its line, column, type and text), and the held
+        values let go."""
+        if not self.texts:
+            return None
+        frame = pl.DataFrame({"v": self.texts}, schema={"v": pl.String})
+        failed = frame.select(typed(pl.col("v"), self.kind, strict=False).is_null().arg_true().first()).item()
+        found = None if failed is None else (self.lines[failed], self.name, self.kind, self.texts[failed])
+        self.lines, self.texts = [], []
+        return found
 
 
 def _prepend(first: list[str], rows: Iterator[list[str]]) -> Iterator[list[str]]:
@@ -111,37 +164,38 @@ def _value_checks(names: list[str], info: InputInfo,
 _SCHEMA_KINDS: dict[type, ColumnTypeName] = {pl.Int64: "int64", pl.Float64: "float64", pl.Boolean: "bool"}
 
 
+def parser_for(kind: ColumnTypeName) -> Callable[[str], bool]:
+    """Whether a text parses as a value of `kind` (without a format), as this check decides."""
+    return _parser(ColumnType(type=kind))
+
+
 def _parser(kind: ColumnType) -> Callable[[str], bool]:
+    """A text's parse by the rules Polars' CSV reader follows (dates and times: `_Temporal`)."""
     if kind.type == "int64":
         return lambda text: bool(_INTEGER.fullmatch(text)) and -(2**63) <= int(text) < 2**63
     if kind.type == "float64":
         return lambda text: bool(_FLOAT.fullmatch(text))
     if kind.type == "bool":
         return lambda text: bool(_BOOLEAN.fullmatch(text))
-    if kind.type in ("date", "datetime"):
-        return _date_parser(kind)
     return lambda text: True
 
 
-def _date_parser(kind: ColumnType) -> Callable[[str], bool]:
-    """Python's parse of a date or datetime: strptime with the format, else with the fixed ISO
-    8601 formats `input_schema.typed` uses. Polars' formats are the same strftime directives
-    for the usual ones; where the two disagree, Polars' own parse at run time still stops
-    the run (exit 3, without the line)."""
-    formats = [kind.format] if kind.format is not None else \
-        ["%Y-%m-%d"] if kind.type == "date" else ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f"]
+# Texts that data tools write for a missing value (R, SQL dumps, spreadsheets, pandas). Such a
+# text is a format marker, not a data value: a message may name it, so that the fix is clear.
+MISSING_TOKENS = ("NA", "N/A", "#N/A", "NULL", "null", "\\N", "NaN", "nan", "None", "-", "?", ".")
 
-    def parses(text: str) -> bool:
-        value = text.strip() if kind.format is not None or kind.type == "date" else text.strip().replace("T", " ", 1)
-        for form in formats:
-            try:
-                datetime.datetime.strptime(value, form)
-            except ValueError:
-                continue
-            return True
-        return False
 
-    return parses
+def _unparsed(shown: str, line: int, name: str, kind: ColumnType, text: str, info: InputInfo) -> DataError:
+    """A value that does not parse as its column's type; a missing-value token is named as one."""
+    token = text.strip()
+    if token in MISSING_TOKENS:
+        described = _described(kind)
+        article = "an" if described[0] in "aeiou" else "a"
+        return DataError(f"{shown}: line {line}: column '{name}' holds `{token}`, a usual missing-value token, where "
+                         f"{article} {described} is expected; list it in the input's `null_values` (e.g. "
+                         f"`null_values: ['{token}']`) so that it reads as missing (nothing was counted)")
+    return DataError(f"{shown}: line {line}: column '{name}' does not parse as {_described(kind)}"
+                     f"{_why_typed(name, info)}; fix the row (nothing was counted)")
 
 
 def _why_typed(name: str, info: InputInfo) -> str:
@@ -156,7 +210,7 @@ def _described(kind: ColumnType) -> str:
     return kind.type + (f" with format {kind.format}" if kind.format else "")
 
 
-def _check_parquet_pages(path: Path) -> None:
+def _check_parquet_pages(path: Path, shown: str) -> None:
     """Every page of the file decodes. Polars panics on some corrupt pages rather than
     raising an error, which would read as a bug in Polars; pyarrow's reader, one batch at a
     time (bounded memory), tells a corrupt file apart."""
@@ -169,18 +223,18 @@ def _check_parquet_pages(path: Path) -> None:
             pass
     except (pa.ArrowException, OSError):
         # pyarrow's message can quote the bytes it stopped at: not shown.
-        raise DataError(f"{path}: the Parquet file's data pages cannot be decoded (a corrupt or truncated file?); "
+        raise DataError(f"{shown}: the Parquet file's data pages cannot be decoded (a corrupt or truncated file?); "
                         "write the file again (nothing was counted)") from None
 
 
-def _check_parquet_types(path: Path, info: InputInfo) -> None:
+def _check_parquet_types(path: Path, shown: str, info: InputInfo) -> None:
     """Each column the spec types converts to that type in this file (a Parquet file has
     its own types; only a `columns` type can fail on a value)."""
     for name, kind in info.reading.column_types().items():
         try:
             pl.scan_parquet(path).select(typed(pl.col(name), kind)).collect(engine="streaming")
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
-            raise DataError(f"{path}: column '{name}' holds a value that does not convert to {_described(kind)}; "
+            raise DataError(f"{shown}: column '{name}' holds a value that does not convert to {_described(kind)}; "
                             "fix the file or the type in `columns` (nothing was counted)") from None
 
 
@@ -193,7 +247,8 @@ def _plain_columns(schema: dict[str, pl.DataType]) -> set[str]:
     return {name for name, dtype in schema.items() if not dtype.is_nested()}
 
 
-def _check_ndjson(path: Path, schema: dict[str, pl.DataType], limit: int | None, every_value: bool) -> None:
+def _check_ndjson(path: Path, shown: str, schema: dict[str, pl.DataType], limit: int | None,
+                  every_value: bool) -> None:
     """Each line a JSON object, with single values where the columns hold them; with
     `every_value`, values of the numeric and boolean columns of their kind."""
     plain = _plain_columns(schema)
@@ -203,16 +258,16 @@ def _check_ndjson(path: Path, schema: dict[str, pl.DataType], limit: int | None,
         try:
             row = json.loads(line)
         except ValueError:
-            raise DataError(f"{path}: line {number} is not valid JSON; fix the row (nothing was counted)") from None
+            raise DataError(f"{shown}: line {number} is not valid JSON; fix the row (nothing was counted)") from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}: line {number} is not a JSON object; fix the row (nothing was counted)")
+            raise DataError(f"{shown}: line {number} is not a JSON object; fix the row (nothing was counted)")
         for column, value in row.items():
             if column in plain and isinstance(value, (dict, list)):
-                raise DataError(f"{path}: line {number}: column '{column}' holds a JSON object or list, not a "
+                raise DataError(f"{shown}: line {number}: column '{column}' holds a JSON object or list, not a "
                                 "single value; fix the row (nothing was counted)")
             expected = kinds.get(column)
             if expected is not None and value is not None and not _json_fits(value, expected):
-                raise DataError(f"{path}: line {number}: column '{column}' does not hold {expected} values here; "
+                raise DataError(f"{shown}: line {number}: column '{column}' does not hold {expected} values here; "
                                 "fix the row (nothing was counted)")
 
 

@@ -152,7 +152,7 @@ def test_dates_without_a_format_are_iso_8601_whatever_the_first_row_holds(tmp_pa
     assert released["n"].round().to_list() == [1, 1], released
 
     # Day first: not ISO 8601, so not a date, however many rows hold it (never a format guessed from them).
-    (tmp_path / "d.csv").write_text("uid,day,at\n" + "".join(f"u{i},10-11-12,2020-01-02 10:00:00\n" for i in range(50)))
+    (tmp_path / "d.csv").write_text("uid,day,at\n" + "".join(f"u{i},11/12/2010,2020-01-02 10:00:00\n" for i in range(50)))
     refused = invoke("validate", str(spec))
     assert refused.exit_code == 1 and "line 2: column 'day' does not parse as date" in refused.stderr, \
         everything(refused)

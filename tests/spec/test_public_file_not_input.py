@@ -52,8 +52,19 @@ def test_a_public_file_that_is_an_input_is_refused(folder: Path, input_path: str
         validate(folder, input_path, public)
     (problem,) = caught.value.problems()
     assert (problem.line, problem.field) == (9, "queries[0].partitions.public_file")
-    assert "the public partition file is an input of this spec" in problem.message
+    assert "the public partition file is a private input of this spec" in problem.message
 
 
 def test_a_public_file_beside_the_input_is_accepted(folder: Path) -> None:
     validate(folder, "data/rows.csv", "keys.csv")
+
+
+def test_a_public_input_may_also_be_the_public_file(folder: Path) -> None:
+    """A lookup table declared `public: true` is a public source: its keys may be the partitions."""
+    path = folder / "spec.yaml"
+    text = SPEC.format(input="data/rows.csv", public="keys.csv").replace(
+        "inputs: {rows: {path: data/rows.csv}}", "inputs: {rows: {path: data/rows.csv}, names: {path: keys.csv, public: true}}")
+    path.write_text(text)
+    assert "names:" in text
+    validated = validate_spec(path)
+    assert validated.inputs["names"].reading.public
