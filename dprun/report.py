@@ -131,7 +131,8 @@ def _metric_bounds(query: QueryPlan, metric: MetricPlan) -> list[float] | str | 
 def _explain_quantity(noisy: NoisyQuantity) -> dict[str, Any]:
     q, noise = noisy.quantity, noisy.noise
     entry: dict[str, Any] = {
-        "id": q.id, "description": q.description, "noise": noise.kind, "epsilon": noise.epsilon, "delta": noise.delta, "l0": noise.l0,
+        "id": q.id, "description": q.description, "noise": noise.kind, "epsilon": noise.epsilon,
+        "delta": noise.delta, "l0": noise.l0,
         "linf": math.ldexp(q.linf_units, q.unit_exponent),
     }
     if isinstance(noise, CandidatePlan):
