@@ -19,15 +19,27 @@ release in place and removes what this run wrote; old releases are removed after
 
 Writing into a store folder next to the report, rather than next to each output, is what
 lets one rename switch outputs that live in several folders.
+
+One release at a time per store: a run holds a lock (`flock` on the report's folder, which
+leaves no file behind) from writing its folder to removing the old ones, so that two runs
+on one report path (two workflows, a re-run while the first still publishes) publish one
+after the other and `current` never names a removed folder; the kernel drops the lock of
+a killed run.
+A release keeps the files of the one before it that it does not produce itself (a second
+spec with the same report path, a query dropped from the spec): their paths are links
+through `current` too, and must never dangle.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import hashlib
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +48,7 @@ from pathlib import Path
 import polars as pl
 
 from dprun.errors import OutputError
+from dprun.small_files import path_problem
 
 Writer = Callable[[Path], None]
 STORE = ".dprun"
@@ -95,6 +108,7 @@ class Staging:
             for target in self._targets:
                 self._link(target)
                 _pause()
+            self._carry_over()
             target = self.store / CURRENT
             self._switch()
         except OSError as exc:
@@ -126,6 +140,16 @@ class Staging:
         else:
             _replace_with_link(target, link)
             self._undo.append(lambda: target.unlink(missing_ok=True))
+
+    def _carry_over(self) -> None:
+        """Give this release the current one's files that it does not write itself (hard links)."""
+        current = self.store / CURRENT
+        if not current.is_dir():
+            return
+        for kept in current.resolve().iterdir():
+            carried = self.release / kept.name
+            if kept.is_file() and not carried.exists():
+                _copy(kept, carried)
 
     def _current_release(self) -> Path:
         """The release `current` names; the first time, a release made of the regular files found."""
@@ -161,18 +185,59 @@ class Staging:
                 temporary.unlink(missing_ok=True)
 
 
-def write_whole(path: Path, data: bytes) -> None:
-    """Write one file whole or not at all: a temporary file beside it, synced, then renamed over it."""
-    temporary = path.with_name(f".{path.name}.dprun-{secrets.token_hex(6)}.tmp")
+def write_whole(path: Path, data: bytes, force: bool = True) -> None:
+    """Write one file whole or not at all, the way a user who names `path` means it: a regular file
+    is replaced by a temporary file beside it, synced, then renamed over it (through a symbolic
+    link, at the file the link names, which stays a link), and only with `force` if it exists; a
+    device or FIFO (`/dev/stdout`) is written through, never replaced by a regular file."""
+    problem = path_problem(str(path))
+    if problem is not None:
+        raise OutputError(f"cannot write {path!s:.300}: {problem}")
+    try:
+        info: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:  # a symbolic link loop, a part of the path that is a file
+        raise OutputError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
+    system = path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",))  # /dev/stdout: whatever fd 1 is
+    if info is not None and (system or stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+        _write_through(path, data)  # as named: /dev/stdout names the pipe or file it is linked to
+        return
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a special file (block device or socket)"
+        raise OutputError(f"cannot write {path}: it is {kind}")
+    if info is not None and not force:
+        raise OutputError(f"{path} exists already (use --force to replace it)")
+    target = path.resolve()  # a link stays a link: the file it names is replaced
+    temporary = target.with_name(f".{target.name}.dprun-{secrets.token_hex(6)}.tmp")
     try:
         with temporary.open("xb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        os.replace(temporary, target)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
+
+
+def _write_through(device: Path, data: bytes) -> None:
+    """Write to a character device or a FIFO as it is; a FIFO without a reader is an error, not a hang."""
+    try:
+        # O_APPEND: a regular file reached through /dev or /proc (stdout sent to a file) is added to, never cut.
+        descriptor = os.open(device, os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND)
+    except OSError as exc:
+        reason = "a FIFO nobody reads" if exc.errno == errno.ENXIO else exc.strerror or type(exc).__name__
+        raise OutputError(f"cannot write {device}: {reason}") from None
+    try:
+        os.set_blocking(descriptor, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view):]
+    except OSError as exc:
+        raise OutputError(f"cannot write {device}: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        os.close(descriptor)
 
 
 def _replace_with_link(path: Path, link: str) -> None:
@@ -242,12 +307,30 @@ def _first_line(exc: Exception) -> str:
 
 @contextmanager
 def staged(store: Path, release_id: str) -> Iterator[Staging]:
-    """A release that is discarded unless the block commits it."""
-    staging = Staging(store, release_id)
+    """A release that is discarded unless the block commits it, written and published under the
+    store's lock (another run publishing to the same store waits)."""
+    with _store_lock(store):
+        staging = Staging(store, release_id)
+        try:
+            yield staging
+        finally:
+            staging.discard()
+
+
+@contextmanager
+def _store_lock(store: Path) -> Iterator[None]:
+    """The lock of the folder that holds the report (and the store's `.dprun` folder)."""
+    folder = store.parent.parent
     try:
-        yield staging
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError as exc:
+        raise OutputError(f"cannot publish into {folder}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
     finally:
-        staging.discard()
+        os.close(descriptor)  # closing releases the lock
 
 
 def refuse_existing(targets: list[tuple[Path, bool]]) -> None:

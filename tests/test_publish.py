@@ -146,6 +146,44 @@ def test_specs_publishing_into_one_folder_keep_their_releases_apart(tmp_path: Pa
     verified_release(tmp_path / "out" / "second.json", seed)
 
 
+def dangling(folder: Path) -> list[str]:
+    """Every link below `folder` (outside the stores) that names nothing."""
+    return [str(p) for p in folder.rglob("*") if p.is_symlink() and not p.exists() and publish.STORE not in p.parts]
+
+
+def test_two_runs_publishing_to_one_report_at_once_leave_one_whole_release(tmp_path: Path) -> None:
+    """Both publish, one after the other (the store's lock): `current` names a folder that exists,
+    every output resolves, and the report verifies."""
+    seed = fresh_seed()
+    spec = three_folder_spec(tmp_path, np.random.default_rng(seed))
+    assert invoke("run", str(spec)).exit_code == 0, f"seed={seed}"
+    store = publish.store_of(tmp_path / "out" / "report.json")
+    for _ in range(3):
+        racers = [dprun_process(spec, 0.05) for _ in range(2)]
+        assert [racer.wait(timeout=300) for racer in racers] == [0, 0], f"seed={seed}"
+        assert (store / publish.CURRENT).resolve().is_dir(), f"seed={seed}: current names a removed release"
+        assert not dangling(tmp_path), f"seed={seed}: {dangling(tmp_path)}"
+        verified_release(tmp_path / "out" / "report.json", seed)
+        assert [p.name for p in (store / publish.RELEASES).iterdir()] == [(store / publish.CURRENT).resolve().name]
+
+
+def test_a_release_keeps_the_files_of_the_one_before_that_it_does_not_write(tmp_path: Path) -> None:
+    """A second spec in the same folder with the same (default) report path, or a query dropped from
+    a spec: the earlier outputs stay readable, never dangling links."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    first = three_folder_spec(tmp_path, rng).rename(tmp_path / "first.yaml")
+    second = write_spec(tmp_path, spec_document(query={"output": {"path": "out/other.parquet"}}))
+    assert invoke("run", str(first)).exit_code == 0, f"seed={seed}"
+    before = {p: p.read_bytes() for p in (tmp_path / "out" / "q1.parquet", tmp_path / "elsewhere" / "q3.parquet")}
+    result = invoke("run", str(second), "--overwrite")
+    assert result.exit_code == 0, f"seed={seed}: {everything(result)}"
+    assert not dangling(tmp_path), f"seed={seed}: {dangling(tmp_path)}"
+    assert all(path.read_bytes() == data for path, data in before.items()), f"seed={seed}"
+    assert pl.read_parquet(tmp_path / "out" / "other.parquet").height == 2
+    verified_release(tmp_path / "out" / "report.json", seed)
+
+
 def test_verify_names_each_output_that_is_missing_or_changed_and_exits_7(tmp_path: Path) -> None:
     seed = fresh_seed()
     spec = three_folder_spec(tmp_path, np.random.default_rng(seed))
