@@ -52,7 +52,8 @@ from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
 from dprun.spec.rules import ledger_file_problem, report_files
 from dprun.spec.strict_rows import check_rows
-from dprun.verify import Verified, sha256_of, verify_release
+from dprun.small_files import loads_json, read_small_file
+from dprun.verify import MAX_REPORT_BYTES, Verified, sha256_of, verify_release
 
 if TYPE_CHECKING:
     from dprun.mechanisms.bound_choice import ChosenBounds, ContributionProfile
@@ -259,6 +260,11 @@ def profile(
         progress(f"profile: spends ε={epsilon:g} (δ=0) of this data, split over {len(the_plan.queries)} "
                  f"quer{'y' if len(the_plan.queries) == 1 else 'ies'}; reading the data")
     share = epsilon / len(the_plan.queries) * SHARE_SAFETY
+    for query in the_plan.queries:  # before any row is read, as planning checks a run's
+        assert query.bound_choice is not None, "every bound is auto"
+        problem = replace(query.bound_choice, epsilon=share).sampler_problem("give the profile a larger --epsilon")
+        if problem is not None:
+            raise DprunError(f"query {query.name}: {problem}")
     queries = []
     try:
         for name in sorted({n for q in the_plan.queries for n in q.inputs}):
@@ -555,16 +561,19 @@ def import_ledger(jsonl_path: str | Path, ledger: str | Path) -> int:
     Returns how many entries were imported.
     """
     entries = ledger_jsonl.read_lines(Path(jsonl_path))
+    if not entries:
+        raise ledger_entries.LedgerError(f"{jsonl_path} holds no release: nothing to import (no ledger was made)")
     open_ledger(_given(ledger)).import_entries(entries)
     return len(entries)
 
 
-def export_ledger(ledger: str | Path, output: str | Path | None = None) -> str:
+def export_ledger(ledger: str | Path, output: str | Path | None = None, force: bool = False) -> str:
     """Every entry of a ledger as JSON lines, for audit (`import_ledger` takes them back);
-    also written whole to `output` (a temporary file renamed into place) if given."""
+    also written whole to `output` if given (`publish.write_whole`: an existing file only with
+    `force`; a device such as /dev/stdout written through)."""
     text = ledger_jsonl.lines(read_ledger(ledger))
     if output is not None:
-        write_whole(Path(output), text.encode())
+        write_whole(Path(output), text.encode(), force)
     return text
 
 
@@ -609,8 +618,8 @@ def abandon_release(number: int, ledger: str | Path) -> dict[str, Any]:
 def _was_published(entry: dict[str, Any]) -> bool:
     """Whether the report at the entry's report path (on this machine) is this release's."""
     try:
-        report = json.loads(Path(entry["report"]["path"]).read_text())
-    except (OSError, ValueError, KeyError, TypeError):
+        report = loads_json(read_small_file(Path(entry["report"]["path"]), MAX_REPORT_BYTES))
+    except (ValueError, KeyError, TypeError):  # UnreadableFile too: a report that is not there
         return False
     return isinstance(report, dict) and report.get("release_id") == entry.get("release_id")
 
@@ -624,11 +633,18 @@ def write_scaffold(data_path: str | Path, spec_path: str | Path, fmt: str | None
     """`scaffold`, written to `spec_path` whole or not at all (a temporary file renamed into
     place); an existing file is replaced only with `force` (else `OutputError`, exit 6)."""
     target = Path(spec_path)
-    if target.exists() and not force:
-        raise OutputError(f"{target} exists already (use --force to replace it)")
+    if _same_file(target, Path(data_path)):
+        raise OutputError(f"{target} is the data file init reads: write the spec elsewhere")
     text = scaffold(data_path, target, fmt)
-    write_whole(target, text.encode())
+    write_whole(target, text.encode(), force)
     return text
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return one.exists() and other.exists() and os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:

@@ -31,7 +31,14 @@ spec_argument = click.argument("spec", type=click.Path(path_type=Path, dir_okay=
 LEDGER_VARIABLE = "DPRUN_LEDGER"
 LEDGER_HELP = ("Release ledger: a file (SQLite) or a postgresql:// URL; overrides "
                f"${LEDGER_VARIABLE} and the spec's `ledger:`.")
-ledger_option = click.option("--ledger", "ledger", default=None, help=LEDGER_HELP)
+def _given_ledger(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """An empty --ledger is an unset variable in a script, never a wish to publish unrecorded."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty: give a ledger file or URL, or leave the option out", context, parameter)
+    return value
+
+
+ledger_option = click.option("--ledger", "ledger", default=None, help=LEDGER_HELP, callback=_given_ledger)
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
@@ -324,7 +331,8 @@ def _which_ledger(where: str | None, spec: Path | None) -> api.Location:
 
 def _existing_ledger(where: str | None, spec: Path | None) -> api.Location:
     location = _which_ledger(where, spec)
-    if isinstance(location, Path) and not location.exists():
+    # lexists: a symbolic link loop is there, and the ledger's own check says what it is.
+    if isinstance(location, Path) and not os.path.lexists(location):
         raise OutputError(f"no ledger at {location}")
     return location
 
@@ -393,22 +401,25 @@ def ledger_import(jsonl: Path, where: str | None, spec: Path | None) -> None:
 @spec_ledger_option
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write the JSON lines here (replaced whole, never half-written); default: print them.")
-def ledger_export(where: str | None, spec: Path | None, output: Path | None) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+def ledger_export(where: str | None, spec: Path | None, output: Path | None, force: bool) -> None:
     """Write every release of a ledger as JSON lines, exact, for audit or `ledger import`."""
     from dprun import api
 
-    text = api.export_ledger(_existing_ledger(where, spec), output)
+    text = api.export_ledger(_existing_ledger(where, spec), output, force)
     if output is None:
         click.echo(text, nl=False)
 
 
 @ledger.command("abandon")
-@click.argument("release", type=int)
+@click.argument("release", type=click.IntRange(1, 2**63 - 1))
 @ledger_argument
 @spec_ledger_option
 @click.option("--confirm-not-published", is_flag=True,
               help="Required: you checked that the run holding this reservation died and published nothing.")
-def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_not_published: bool) -> None:
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
+def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_not_published: bool,
+                   fmt: str) -> None:
     """Stop counting the spend of pending RELEASE, whose run died before publishing.
 
     A pending release counts as spent because its run may have published, or drawn noise
@@ -423,6 +434,11 @@ def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_n
                                "its run died and none of its outputs was published")
     location = _existing_ledger(where, spec)
     entry = api.abandon_release(release, location)
+    if fmt == "json":
+        click.echo(json.dumps({"ok": True, "ledger": api.ledger_name(location), "release": entry["release"],
+                               "state": entry["state"], "epsilon": entry["epsilon"], "delta": entry["delta"]},
+                              indent=2))
+        return
     click.echo(f"release {entry['release']} abandoned in {api.ledger_name(location)}: its spend "
                f"(ε={entry['epsilon']}, δ={entry['delta']}) no longer counts")
 

@@ -1,4 +1,11 @@
-"""The `dprun` command's entry point: allocator and thread options first, then the CLI."""
+"""The `dprun` command's entry point: signal handlers at once, allocator and thread options
+next, then the CLI.
+
+The handlers are installed as this module is imported, before anything else of dprun's: the
+only window left in which SIGINT or SIGTERM ends the process by Python's defaults (a
+KeyboardInterrupt traceback, or death by the signal) is the interpreter's own start-up
+before it imports this module (docs/ci.md, "Signals").
+"""
 
 from __future__ import annotations
 
@@ -8,20 +15,36 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from dprun.malloc_tuning import keep_freed_memory, keep_polars_freed_memory
-
-
-def _exit_on_signals_while_starting() -> None:
-    """SIGINT/SIGTERM before the CLI installs its handlers (while Polars and numpy import, ~0.5 s)
-    end the process with exit 130 and one line: nothing has been read or written yet."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop_while_starting)
+STARTING = "interrupted while starting; nothing was published"
 
 
 def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
-    sys.stderr.write("error: interrupted while starting; nothing was published\n")
-    sys.stderr.flush()
+    """SIGINT/SIGTERM before the CLI installs its handlers (while Polars and numpy import, ~0.5 s)
+    end the process with exit 130 and one message, as JSON under --format json: nothing has
+    been read or written yet."""
+    arguments = sys.argv[1:]
+    if "--format=json" in arguments or any(a == "json" and arguments[i - 1] == "--format"
+                                           for i, a in enumerate(arguments) if i > 0):
+        problem = {"file": "", "line": None, "column": None, "field": "", "message": STARTING}
+        sys.stdout.write('{"ok": false, "exit_code": 130, "problems": [' + _json_object(problem) + "]}\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(f"error: {STARTING}\n")
+        sys.stderr.flush()
     os._exit(130)
+
+
+def _json_object(fields: dict[str, str | None]) -> str:
+    """A flat JSON object of short ASCII texts, without importing json in a signal handler."""
+    def value(text: str | None) -> str:
+        return "null" if text is None else '"' + text + '"'
+    return "{" + ", ".join(f'"{key}": {value(text)}' for key, text in fields.items()) + "}"
+
+
+for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, _stop_while_starting)
+
+from dprun.malloc_tuning import keep_freed_memory, keep_polars_freed_memory  # noqa: E402 - after the handlers
 
 
 def keep_native_stderr_private() -> None:
@@ -57,7 +80,6 @@ def prepare_process() -> None:
 
 
 def main() -> NoReturn:
-    _exit_on_signals_while_starting()  # first: the shorter the window a signal kills the process in
     keep_native_stderr_private()
     prepare_process()
     # Imported only now: importing Polars and numpy starts threads, and a thread that has

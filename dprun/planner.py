@@ -51,7 +51,7 @@ from dprun.plan import (
 )
 from dprun.quantile_choice import QuantileChoice, quantile_choices, too_small_for_a_tree
 from dprun.spec import ValidatedSpec
-from dprun.spec.input_schema import public_keys_frame, query_schema
+from dprun.spec.input_schema import declared_types, public_keys_frame, query_schema
 from dprun.spec.models import BOUND_LIMIT, ContributionBounds, Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
@@ -128,7 +128,7 @@ def _plan_queries(
     shares: list[tuple[Query, float, float]], method: str, validated: ValidatedSpec, chosen: Chosen
 ) -> tuple[list[QueryPlan], float]:
     """Plans under basic composition; under `pld`, with every noise scale shrunk by one common factor."""
-    parts = [_auto_part(q, eps, chosen.get(q.name)) for q, eps, _ in shares]
+    parts = [_located(i, _auto_part, q, eps, chosen.get(q.name)) for i, (q, eps, _) in enumerate(shares)]
     shares = [(concrete, eps - (auto.epsilon if auto else 0.0), delta)
               for (_, eps, delta), (concrete, auto) in zip(shares, parts)]
     mechanisms = [_located(i, _choose_selection, q, eps, delta, validated, chosen.get(q.name))
@@ -172,6 +172,9 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
         values=tuple(bound_choice.ValueChoice(m.name, m.column, MAIN_QUANTITY.get(m.kind))
                      for m in query.metrics if m.bounds == "auto" and m.column is not None),
     )
+    problem = auto.sampler_problem("give the spec a larger ε or `auto_budget_share`, or fixed bounds")
+    if problem is not None:
+        raise Unplannable(("contribution_bounds",), problem)
     concrete = ContributionBounds(
         max_partitions_contributed=chosen.l0 if chosen else auto.l0 or auto.l0_candidates[-1],
         max_contributions_per_partition=chosen.rows if chosen else auto.rows or auto.rows_candidates[-1],
@@ -372,7 +375,8 @@ def _plan_query(
     mode = _mode(query)
     public_keys = None
     if mode == "public":
-        public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info))
+        public_keys = public_keys_frame(query, validated.loaded.base_dir, query_schema(query, input_info),
+                                        declared_types(input_info))
     # Partitions known before any data is read: one, the public keys, or (private) unknown.
     known = 1 if mode == "global" else public_keys.height if public_keys is not None else math.inf
     # The metrics' part of the query's budget, after a separate selection's share (as `_weights` splits it):

@@ -23,7 +23,9 @@ import polars as pl
 
 from dprun.errors import Problem, SpecError
 from dprun.scaffold_columns import ProposedColumn, propose_csv, propose_from_schema
+from dprun.small_files import UnreadableFile, read_small_file
 from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, input_format
+from dprun.spec.yaml_loader import MAX_SPEC_BYTES
 
 PLACEHOLDER = "FILL_IN"
 PLACEHOLDER_MESSAGE = (
@@ -250,8 +252,8 @@ def _without_comment(line: str) -> str:
 def explain_placeholders(spec_path: Path, problems: list[Problem]) -> list[Problem]:
     """Problems with those on placeholder lines reworded, and unreported placeholders added."""
     try:
-        text = spec_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_small_file(spec_path, MAX_SPEC_BYTES).decode("utf-8")
+    except (UnreadableFile, UnicodeDecodeError):
         return problems
     at = placeholder_lines(text)
     if not at:

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from dprun.errors import NotVerified
+from dprun.small_files import UnreadableFile, loads_json, path_problem, read_small_file
+
+# A release report lists its queries and their outputs, never rows: a few kilobytes.
+MAX_REPORT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ def verify_release(report_path: Path) -> Verified:
     for query in report["queries"]:
         path = Path(os.path.abspath(base / query["output"]))
         outputs.append(path)
-        problem = _output_problem(path, query["output_sha256"])
+        problem = path_problem(str(path)) or _output_problem(path, query["output_sha256"])
         if problem is not None:
             problems.append(f"{path}: {problem}")
     if problems:
@@ -44,9 +48,9 @@ def verify_release(report_path: Path) -> Verified:
 
 def _read_report(report_path: Path) -> dict[str, Any]:
     try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise NotVerified(f"{report_path}: cannot read the report ({exc.strerror or type(exc).__name__})") from None
+        report = loads_json(read_small_file(report_path, MAX_REPORT_BYTES))
+    except UnreadableFile as exc:
+        raise NotVerified(f"{report_path!s:.300}: cannot read the report ({exc})") from None
     except ValueError:
         report = None
     if not _is_release_report(report):
@@ -58,7 +62,7 @@ def _read_report(report_path: Path) -> dict[str, Any]:
 def _is_release_report(report: Any) -> bool:
     return (isinstance(report, dict) and isinstance(report.get("release_id"), str)
             and isinstance(report.get("spec_folder"), str) and isinstance(report.get("queries"), list)
-            and all(isinstance(q, dict) and isinstance(q.get("output"), str) and isinstance(q.get("output_sha256"), str)
+            and len(report["queries"]) > 0 and all(isinstance(q, dict) and isinstance(q.get("output"), str) and isinstance(q.get("output_sha256"), str)
                     for q in report["queries"]))
 
 

@@ -20,6 +20,10 @@ import json
 import os
 import re
 import signal
+import sqlite3
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -511,11 +515,135 @@ def input_deleted_before_the_scan(folder: Path, rng: np.random.Generator, mp: py
     return Case(write_spec(folder, spec_document()), (3,), r"input file could not be read")
 
 
+# --- round 3 (issue #41): each case is a defect a third fuzz round found ------------------------
+
+
+def csv_file(folder: Path, rng: np.random.Generator, rows: int = 600, **columns: list[str]) -> None:
+    """The planted visits as CSV, with extra text columns."""
+    frame = planted(rng, rows=rows).with_columns(**{name: pl.Series(values) for name, values in columns.items()})
+    frame.write_csv(folder / "data.csv")
+
+
+def a_field_longer_than_python_s_csv_limit(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    """#4: free text of 200,000 characters in one field (Python's csv refused over 131,072)."""
+    csv_file(folder, rng, note=["x" * 200_000 if i == 3 else "short" for i in range(600)])
+    return Case(write_spec(folder, spec_document("data.csv")), (0,))
+
+
+def a_count_of_a_text_column(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    """#5: `count` of a text column counts its non-null values, the texts `NaN` and `1.5` among them."""
+    csv_file(folder, rng, note=[["hello", "NaN", None, "1.5"][i % 4] for i in range(600)])
+    query = {"metrics": [{"name": "notes", "kind": "count", "column": "note"}, {"name": "rows", "kind": "count"}],
+             "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 600}}
+
+    def counted(work: Path) -> None:
+        released = pl.read_parquet(work / "out" / "q.parquet")
+        ratio = released["notes"].sum() / released["rows"].sum()
+        assert abs(ratio - 0.75) < 0.05, released  # a missing note does not count; any text does
+    return Case(write_spec(folder, spec_document("data.csv", budget={"epsilon": 10_000.0}, query=query)), (0,),
+                check=counted)
+
+
+def non_ascii_digits_in_an_integer_column(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    """#6: Python's \\d takes Arabic-Indic digits, Polars does not: the check and the run now agree."""
+    csv_file(folder, rng, n=["\u0663" if i == 20 else str(i) for i in range(600)])
+    data = {"path": "data.csv", "columns": {"n": "int64"}}
+    return Case(write_spec(folder, spec_document(data)), (1,), r"data\.csv: line 22: column 'n' does not parse as int64")
+
+
+def a_date_format_chrono_cannot_read(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    """#6: an invalid format (%Q) was blamed on the data."""
+    csv_file(folder, rng, day=["2024-01-05"] * 600)
+    data = {"path": "data.csv", "columns": {"day": {"type": "date", "format": "%Q"}}}
+    return Case(write_spec(folder, spec_document(data)), (1,), r"inputs\.data\.columns\.day: the format '%Q' cannot "
+                r"read back a date it writes")
+
+
+def public_date_keys(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    """#7: public keys of a date column, written as the column's format writes them."""
+    csv_file(folder, rng, day=[["05/01/2024", "06/01/2024"][i % 2] for i in range(600)])
+    data = {"path": "data.csv", "columns": {"day": {"type": "date", "format": "%d/%m/%Y"}}}
+    query = {"group_by": ["day"], "partitions": {"public": ["05/01/2024", "06/01/2024", "07/01/2024"]}}
+
+    def three_days(work: Path) -> None:
+        released = pl.read_parquet(work / "out" / "q.parquet")
+        assert released["day"].cast(pl.String).to_list() == ["2024-01-05", "2024-01-06", "2024-01-07"], released
+    return Case(write_spec(folder, spec_document(data, query=query)), (0,), check=three_days)
+
+
+def filter_of(text: str, message: str, code: int = 1) -> Builder:
+    """#8, #9, smaller: filters that crashed the parser, exhausted memory or stopped the run."""
+    return spec_change({}, message, code, query={"filter": text})
+
+
+def quote_equal_to_separator(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    csv_file(folder, rng)
+    data = {"path": "data.csv", "separator": ";", "quote_char": ";"}
+    return Case(write_spec(folder, spec_document(data)), (1,), r"`quote_char` and `separator` are the same")
+
+
+def invalid_utf8(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+    csv_file(folder, rng)
+    lines = (folder / "data.csv").read_bytes().split(b"\n")
+    lines[40] = lines[40].replace(b"u", b"\xff\xfeu", 1)
+    (folder / "data.csv").write_bytes(b"\n".join(lines))
+    return Case(write_spec(folder, spec_document("data.csv")), (1,),
+                r"data\.csv: line 41 is not valid UTF-8; .*`encoding: utf8-lossy`")
+
+
+def ledger_location(kind: str) -> Builder:
+    """#11, #17: ledger paths that hung, crashed or were taken for a corrupt ledger."""
+    def build(folder: Path, rng: np.random.Generator, mp: pytest.MonkeyPatch) -> Case:
+        good_parquet(folder, rng)
+        spec = write_spec(folder, spec_document())
+        where, code, message = {
+            "a FIFO": (folder / "fifo", 6, r"is a special file \(device, FIFO or socket\)"),
+            "a symbolic link loop": (folder / "loop.db", 6, r"Too many levels of symbolic links"),
+            "a 300-byte name": (folder / ("x" * 300), 6, r"longer than 255 bytes"),
+            "an unparsable URL": ("postgresql://[::1/x", 6, r"not a valid URL"),
+            "/dev/null": (Path("/dev/null"), 6, r"is a special file"),
+            "the report.md of a release": (folder / "out" / "report.md", 1, r"ledger.*publishes"),
+        }[kind]
+        if kind == "a FIFO":
+            os.mkfifo(folder / "fifo")
+        if kind == "a symbolic link loop":
+            (folder / "loop.db").symlink_to(folder / "loop.db")
+        return Case(spec, (code,), message, extra_args=("--ledger", str(where)))
+    return build
+
+
 def xfail(reason: str) -> Any:
     return pytest.mark.xfail(strict=True, reason=f"dprun bug: {reason}")
 
 
 CASES: list[Any] = [
+    pytest.param(a_field_longer_than_python_s_csv_limit, id="#41.4 a csv field of 200,000 characters"),
+    pytest.param(a_count_of_a_text_column, id="#41.5 count of a text column"),
+    pytest.param(non_ascii_digits_in_an_integer_column, id="#41.6 non-ascii digits in an int64 column"),
+    pytest.param(a_date_format_chrono_cannot_read, id="#41.6 an invalid date format"),
+    pytest.param(public_date_keys, id="#41.7 public keys of a date column"),
+    pytest.param(filter_of(" or ".join(f"v = {i}" for i in range(3000)), r"has 5,999 operators, more than the 1,000"),
+                 id="#41.8 a filter of 3,000 OR terms"),
+    pytest.param(filter_of(" or ".join(f"v = {i}" for i in range(400)), "", 0), id="#41.8 a filter of 400 OR terms"),
+    pytest.param(filter_of("LPAD(shop, 1000000000, 'x') = 'a'", r"pads to a length that is not"),
+                 id="#41.9 LPAD to a billion characters"),
+    pytest.param(spec_change({"budget": {"epsilon": 1e-8}}, r"for choosing the auto bounds is too small",
+                             query={"contribution_bounds": {"max_partitions_contributed": "auto",
+                                                            "max_contributions_per_partition": "auto"}}),
+                 id="#41.10 auto bounds at epsilon 1e-8"),
+    pytest.param(ledger_location("a FIFO"), id="#41.11 ledger at a FIFO"),
+    pytest.param(ledger_location("a symbolic link loop"), id="#41.11 ledger at a symbolic link loop"),
+    pytest.param(ledger_location("a 300-byte name"), id="#41.11 ledger with a 300-byte name"),
+    pytest.param(ledger_location("an unparsable URL"), id="#41.11 ledger at an unparsable URL"),
+    pytest.param(ledger_location("/dev/null"), id="#41.11 ledger at /dev/null"),
+    pytest.param(ledger_location("the report.md of a release"), id="#41.17 ledger at a release's report.md"),
+    pytest.param(quote_equal_to_separator, id="#41 quote_char equal to separator"),
+    pytest.param(filter_of("shop ~ '['", r"queries\[0\]\.filter: the filter does not apply.*regex"),
+                 id="#41 an invalid regex in a filter"),
+    pytest.param(filter_of("1", r"filter predicate must be of type `Boolean`"), id="#41 a filter that is a number"),
+    pytest.param(invalid_utf8, id="#41 invalid utf-8 under encoding utf8"),
+    pytest.param(spec_change({}, r"inside a `\.dprun` folder", query={"output": {"path": "out/.dprun/q.parquet"}}),
+                 id="#41 an output inside dprun's store"),
     pytest.param(missing_input_file, id="missing input file"),
     pytest.param(empty_csv, id="empty csv (0 bytes)"),
     pytest.param(glob_matching_nothing, id="glob matching nothing"),
@@ -735,3 +863,212 @@ def test_a_signal_while_dprun_starts_exits_130_with_one_line(tmp_path: Path, lon
         assert process.returncode == 130, f"{what}: exit {process.returncode}: {stderr!r}"
         assert re.fullmatch(r"error: interrupted[^\n]*nothing was published\n", stderr), f"{what}: {stderr!r}"
         assert not (work / "out").exists(), f"{what}: published something"
+
+
+# --- round 3 (issue #41): the commands besides `run` -------------------------------------------
+
+
+def dprun_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m dprun ARGS` as a real process with a time limit: a hang fails the test."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
+    return subprocess.run([sys.executable, "-m", "dprun", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def a_ledger(tmp_path: Path) -> Path:
+    """A ledger holding one release of the planted data."""
+    planted(np.random.default_rng(fresh_seed())).write_parquet(tmp_path / "data.parquet")
+    spec = write_spec(tmp_path, spec_document())
+    result = invoke("run", str(spec), "--ledger", str(tmp_path / "ledger.db"))
+    assert result.exit_code == 0, result.output
+    return tmp_path / "ledger.db"
+
+
+def test_a_ledger_at_a_release_s_report_md_is_refused_as_a_published_file(tmp_path: Path) -> None:
+    """#17: out/report.md is a link into the release store once published; it was taken for a corrupt ledger."""
+    planted(np.random.default_rng(fresh_seed())).write_parquet(tmp_path / "data.parquet")
+    spec = write_spec(tmp_path, spec_document())
+    assert invoke("run", str(spec)).exit_code == 0
+    assert (tmp_path / "out" / "report.md").is_symlink()
+    result = invoke("run", str(spec), "--overwrite", "--ledger", str(tmp_path / "out" / "report.md"))
+    assert result.exit_code == 1 and "publishes" in result.stderr and "corrupt" not in result.stderr, result.output
+
+
+@pytest.mark.parametrize("command", [("ledger", "show"), ("ledger", "export"), ("explain-budget",)])
+def test_ledger_locations_that_hung_or_crashed_are_refused(tmp_path: Path, a_ledger: Path,
+                                                           command: tuple[str, ...]) -> None:
+    """#11: a FIFO hung every ledger command; a loop, a long name or a bad URL crashed them."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop.db").symlink_to(tmp_path / "loop.db")
+    spec = tmp_path / "spec.yaml"
+    for where, message in ((tmp_path / "fifo", "special file"), (tmp_path / "loop.db", "symbolic links"),
+                           (tmp_path / ("x" * 300), "longer than 255 bytes"),
+                           ("postgresql://[::1/x", "not a valid URL"), (Path("/dev/null"), "special file")):
+        args = [*command, str(spec), "--ledger", str(where)] if command == ("explain-budget",) else \
+            [*command, str(where)]
+        done = dprun_process(*args)
+        assert done.returncode == 6 and message in done.stderr, f"{where!s:.60}: {done.returncode} {done.stderr}"
+        assert "Traceback" not in done.stderr
+    assert not Path("/dev/null-journal").exists()
+
+
+def test_an_empty_ledger_option_is_a_usage_error(tmp_path: Path) -> None:
+    """#11: `--ledger "$UNSET"` published with no ledger at all."""
+    planted(np.random.default_rng(fresh_seed())).write_parquet(tmp_path / "data.parquet")
+    result = invoke("run", str(write_spec(tmp_path, spec_document())), "--ledger", "")
+    assert result.exit_code == 2 and "'--ledger': is empty" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("garbage", ["release_id = X'00ff'", "entry = 'not json'", "entry = '" + "[" * 100_000 + "'",
+                                     "entry = replace(entry, '\"epsilon\": \"', '\"epsilon\": \"1e999999999')",
+                                     "entry = '{}'", "entry = 7"])
+def test_a_ledger_whose_rows_hold_garbage_is_corrupt_exit_6(a_ledger: Path, garbage: str) -> None:
+    connection = sqlite3.connect(a_ledger)
+    connection.execute(f"UPDATE dprun_releases SET {garbage}")
+    connection.commit()
+    connection.close()
+    done = dprun_process("ledger", "show", str(a_ledger))
+    assert done.returncode == 6 and "is corrupt" in done.stderr, f"{garbage[:60]}: {done.returncode} {done.stderr}"
+
+
+def test_a_sqlite_database_of_something_else_is_not_adopted(tmp_path: Path) -> None:
+    """#11: any SQLite file got dprun's tables added."""
+    other = tmp_path / "app.db"
+    connection = sqlite3.connect(other)
+    connection.execute("CREATE TABLE users (name TEXT)")
+    connection.commit()
+    connection.close()
+    planted(np.random.default_rng(fresh_seed())).write_parquet(tmp_path / "data.parquet")
+    result = invoke("run", str(write_spec(tmp_path, spec_document())), "--ledger", str(other))
+    assert result.exit_code == 6 and "an SQLite database of something else" in result.stderr, result.output
+    tables = sqlite3.connect(other).execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    assert tables == [("users",)]
+
+
+def test_ledger_export_writes_through_devices_and_never_replaces_them(tmp_path: Path, a_ledger: Path) -> None:
+    """#12: -o /dev/full, /dev/stdout, a FIFO or a link was replaced by a regular file."""
+    full = dprun_process("ledger", "export", str(a_ledger), "-o", "/dev/full")
+    assert full.returncode == 6 and "No space left on device" in full.stderr, full.stderr
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    out = dprun_process("ledger", "export", str(a_ledger), "-o", "/dev/stdout")
+    assert out.returncode == 0 and json.loads(out.stdout.splitlines()[0])["release"] == 1, out.stderr
+    os.mkfifo(tmp_path / "fifo")
+    lonely = dprun_process("ledger", "export", str(a_ledger), "-o", str(tmp_path / "fifo"))
+    assert lonely.returncode == 6 and "a FIFO nobody reads" in lonely.stderr and stat.S_ISFIFO(
+        os.stat(tmp_path / "fifo").st_mode)
+    (tmp_path / "kept.jsonl").write_text("mine\n")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "kept.jsonl")
+    refused = dprun_process("ledger", "export", str(a_ledger), "-o", str(tmp_path / "link.jsonl"))
+    assert refused.returncode == 6 and "use --force" in refused.stderr
+    assert (tmp_path / "kept.jsonl").read_text() == "mine\n"
+    forced = dprun_process("ledger", "export", str(a_ledger), "-o", str(tmp_path / "link.jsonl"), "--force")
+    assert forced.returncode == 0 and (tmp_path / "link.jsonl").is_symlink()
+    assert json.loads((tmp_path / "kept.jsonl").read_text().splitlines()[0])["release"] == 1
+
+
+def test_init_never_writes_over_the_file_it_reads_or_a_device(tmp_path: Path) -> None:
+    """#12, #15: `init d.csv -o d.csv --force` replaced the data with the scaffold."""
+    planted(np.random.default_rng(fresh_seed())).write_csv(tmp_path / "d.csv")
+    data = (tmp_path / "d.csv").read_bytes()
+    same = invoke("init", str(tmp_path / "d.csv"), "-o", str(tmp_path / "d.csv"), "--force")
+    assert same.exit_code == 6 and "is the data file init reads" in same.stderr, same.output
+    assert (tmp_path / "d.csv").read_bytes() == data
+    full = dprun_process("init", str(tmp_path / "d.csv"), "-o", "/dev/full", "--force")
+    assert full.returncode == 6 and stat.S_ISCHR(os.stat("/dev/full").st_mode), full.stderr
+
+
+@pytest.mark.parametrize("kind", ["deeply nested", "a FIFO", "/dev/zero", "a 5,000-character output path",
+                                  "no queries"])
+def test_verify_and_ledger_import_read_only_small_regular_files(tmp_path: Path, kind: str) -> None:
+    """#13: RecursionError, a hang, unbounded memory, an OSError, or exit 0 for a report of nothing."""
+    report = tmp_path / "report.json"
+    release = {"release_id": "r1", "spec_folder": ".", "queries": [{"output": "q.csv", "output_sha256": "0" * 64}]}
+    if kind == "deeply nested":
+        report.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "a FIFO":
+        os.mkfifo(report)
+    elif kind == "/dev/zero":
+        report = Path("/dev/zero")
+    elif kind == "a 5,000-character output path":
+        report.write_text(json.dumps({**release, "queries": [{"output": "q" * 5000, "output_sha256": "0" * 64}]}))
+    else:
+        report.write_text(json.dumps({**release, "queries": []}))
+    verified = dprun_process("verify", str(report))
+    assert verified.returncode == 7 and "Traceback" not in verified.stderr, verified.stderr
+    imported = dprun_process("ledger", "import", str(report), str(tmp_path / "new.db"))
+    assert imported.returncode == 6 and "Traceback" not in imported.stderr, imported.stderr
+    assert not (tmp_path / "new.db").exists()
+
+
+def test_ledger_import_of_an_empty_file_makes_no_ledger(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    result = invoke("ledger", "import", str(tmp_path / "empty.jsonl"), str(tmp_path / "new.db"))
+    assert result.exit_code == 6 and "holds no release" in result.stderr and not (tmp_path / "new.db").exists()
+
+
+def test_ledger_abandon_takes_a_release_number_in_range_and_answers_in_json(a_ledger: Path) -> None:
+    """#13, smaller: 2^70 raised OverflowError; --format json was missing."""
+    huge = invoke("ledger", "abandon", str(2**70), str(a_ledger), "--confirm-not-published")
+    assert huge.exit_code == 2 and "is not in the range" in huge.output, huge.output
+    connection = sqlite3.connect(a_ledger)
+    connection.execute("UPDATE dprun_releases SET state = 'pending'")
+    connection.commit()
+    connection.close()
+    (a_ledger.parent / "out" / "report.json").unlink()  # the run died before publishing, as far as it shows
+    answer = invoke("ledger", "abandon", "1", str(a_ledger), "--confirm-not-published", "--format", "json")
+    assert answer.exit_code == 0, answer.output
+    assert json.loads(answer.stdout) | {"ledger": ""} == {"ok": True, "ledger": "", "release": 1,
+                                                           "state": "abandoned", **{k: json.loads(answer.stdout)[k]
+                                                                                    for k in ("epsilon", "delta")}}
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "a FIFO", "2 MB", "60,000 unknown fields"])
+def test_validate_reads_a_spec_only_if_it_is_a_small_regular_file(tmp_path: Path, kind: str) -> None:
+    """#14: /dev/zero grew without bound, a FIFO hung, a huge spec or 300,000 unknown keys took minutes."""
+    spec = tmp_path / "spec.yaml"
+    if kind == "/dev/zero":
+        spec = Path("/dev/zero")
+    elif kind == "a FIFO":
+        os.mkfifo(spec)
+    elif kind == "2 MB":
+        spec.write_text("# " + "x" * 2_000_000 + "\n")
+    else:
+        spec.write_text(json.dumps({**spec_document(), **{f"k{i}": 1 for i in range(60_000)}}))
+    done = dprun_process("validate", str(spec), timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) <= 101, len(lines)
+    if kind == "60,000 unknown fields":
+        assert lines[-1].endswith("and 59,900 more problem(s) like these"), lines[-1]
+    else:
+        assert "cannot read the spec file" in done.stderr, done.stderr
+
+
+def test_a_signal_while_starting_answers_in_json_under_format_json(tmp_path: Path, long_input: Path) -> None:
+    """#16: SIGINT at 0.1 s gave exit 130 and one line of text, no JSON."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = write_spec(work, spec_document(str(long_input)))
+    env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        process = subprocess.Popen([sys.executable, "-m", "dprun", "run", str(spec), "--format", "json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        wait_until_it_catches_signals(process)
+        time.sleep(float(rng.uniform(0.0, 0.3)))
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=120)
+        answer = json.loads(stdout)
+        assert process.returncode == 130 and answer["exit_code"] == 130 and answer["ok"] is False, \
+            f"seed={seed}: {stdout} {stderr}"
+        assert "nothing was published" in answer["problems"][0]["message"]
+
+
+def test_truncated_geometric_says_what_to_change_when_no_delta_can_cover_its_rounding() -> None:
+    from dprun.mechanisms.selection import TruncatedGeometric, _exact_partition_budget
+
+    with pytest.raises(ValueError, match=r"cannot cover its float rounding with any δ at ε = 800 per partition"):
+        _exact_partition_budget(TruncatedGeometric(epsilon=800.0, delta=0.5, max_partitions=1))

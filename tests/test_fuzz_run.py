@@ -13,6 +13,7 @@ sent to a real `python -m dprun` process.
 from __future__ import annotations
 
 import copy
+import html
 import io
 import json
 import os
@@ -91,8 +92,8 @@ def case_folder() -> Iterator[tuple[Path, Path]]:
         yield work, scratch
 
 
-def run_case(work: Path, scratch: Path, spec: Path, what: str) -> tuple[int, str]:
-    """`dprun run SPEC --overwrite` and every check that holds whatever the case: (exit code, stderr)."""
+def run_case(work: Path, scratch: Path, spec: Path, what: str, *extra: str) -> tuple[int, str]:
+    """`dprun run SPEC --overwrite EXTRA` and every check that holds whatever the case: (exit code, stderr)."""
     before = snapshot(work, scratch)
     saved = {k: os.environ.get(k) for k in ("DPRUN_TMPDIR", "DPRUN_LEDGER", "DPRUN_DEBUG")}
     os.environ["DPRUN_TMPDIR"] = str(scratch)
@@ -100,7 +101,7 @@ def run_case(work: Path, scratch: Path, spec: Path, what: str) -> tuple[int, str
     os.environ.pop("DPRUN_DEBUG", None)
     try:
         with time_limit(CASE_SECONDS):
-            result = invoke("run", str(spec), "--overwrite", "--seed", "7")
+            result = invoke("run", str(spec), "--overwrite", "--seed", "7", *extra)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -372,3 +373,130 @@ def test_signals_at_random_instants_leave_one_whole_release_or_none(slow_spec: P
             check_failed_run(what, 130, stderr, "interrupted", before, after)
         else:  # finished first: the whole new release is there
             assert all(after[name] != before[name] for name in OUTPUTS), f"{what}: a mixed release"
+
+
+# --- round 3 (issue #41): ledger locations, hostile keys, long expressions, publication races ----------
+
+
+# Fewer examples than the families above: each family's case is slower (a real file system object,
+# a full release, a large parse); DPRUN_FUZZ_EXAMPLES scales them alike.
+ROUND3_EXAMPLES = max(1, EXAMPLES // 4)
+ROUND3 = settings(FUZZ, max_examples=ROUND3_EXAMPLES)
+LEDGER_PLACES = ["new file", "missing folder", "folder", "fifo", "symlink loop", "dangling symlink",
+                 "long name", "dev null", "dev full", "bad url", "empty file", "garbage file",
+                 "json lines file", "other sqlite", "the input", "the report"]
+
+
+def ledger_place(work: Path, kind: str) -> str:
+    """A ledger location of the given kind, made in `work`."""
+    place = work / "ledger.db"
+    if kind == "missing folder":
+        place = work / "nowhere" / "ledger.db"
+    elif kind == "folder":
+        place.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(place)
+    elif kind == "symlink loop":
+        place.symlink_to(place)
+    elif kind == "dangling symlink":
+        place.symlink_to(work / "gone.db")
+    elif kind == "long name":
+        place = work / ("l" * 300)
+    elif kind in ("dev null", "dev full"):
+        return "/dev/null" if kind == "dev null" else "/dev/full"
+    elif kind == "bad url":
+        return "postgresql://[::1/x"
+    elif kind == "empty file":
+        place.write_bytes(b"")
+    elif kind == "garbage file":
+        place.write_bytes(os.urandom(300))
+    elif kind == "json lines file":
+        place.write_text('{"ledger_version": 1}\n')
+    elif kind == "other sqlite":
+        import sqlite3
+
+        connection = sqlite3.connect(place)
+        connection.execute("CREATE TABLE t (x)")
+        connection.commit()
+        connection.close()
+    elif kind == "the input":
+        place = work / "data.parquet"
+    elif kind == "the report":
+        place = work / "out" / "report.json"
+    return str(place)
+
+
+@ROUND3
+@given(kind=st.sampled_from(LEDGER_PLACES), seed=st.integers(0, 2**32 - 1))
+def test_a_ledger_anywhere_is_used_or_refused_cleanly(kind: str, seed: int) -> None:
+    with case_folder() as (work, scratch):
+        planted(np.random.default_rng(seed)).write_parquet(work / "data.parquet")
+        spec = work / "spec.yaml"
+        spec.write_text(json.dumps(spec_document()))
+        code, stderr = run_case(work, scratch, spec, f"ledger at {kind}, seed={seed}", "--ledger",
+                                ledger_place(work, kind))
+        assert code in ((0,) if kind in ("new file", "empty file", "dangling symlink") else (1, 6)), \
+            f"ledger at {kind}: exit {code}: {stderr}"
+        assert not Path("/dev/null-journal").exists()
+
+
+# Keys matplotlib's math text, HTML or a shell would read otherwise.
+HOSTILE = st.text(alphabet=st.sampled_from(list("$\\{}^_%&<>\"'#~ abcx9")), min_size=1, max_size=12)
+
+
+@ROUND3
+@given(keys=st.lists(HOSTILE, min_size=1, max_size=3, unique=True), seed=st.integers(0, 2**32 - 1))
+def test_hostile_partition_keys_are_released_and_drawn_as_text(keys: list[str], seed: int) -> None:
+    """A key with `$...$` reached matplotlib's math parser: one row could block every release."""
+    with case_folder() as (work, scratch):
+        rng = np.random.default_rng(seed)
+        frame = planted(rng).with_columns(shop=pl.Series([keys[i % len(keys)] for i in range(600)]))
+        frame.write_parquet(work / "data.parquet")
+        spec = work / "spec.yaml"
+        spec.write_text(json.dumps(spec_document(query={"partitions": {"public": keys}})))
+        code, stderr = run_case(work, scratch, spec, f"keys {keys!r}, seed={seed}")
+        assert code == 0, f"keys {keys!r}: exit {code}: {stderr}"
+        card = (work / "out" / "report.html").read_text()
+        assert all(html.escape(key) in card for key in keys), keys
+
+
+@ROUND3
+@given(terms=st.integers(1, 8000), joiner=st.sampled_from([" or ", " and ", " + ", " || "]))
+def test_long_expressions_are_run_or_refused_cleanly(terms: int, joiner: str) -> None:
+    """About 500 OR terms raised RecursionError; about 6,000 killed the process in Polars' parser."""
+    parts = {" or ": "v = {}", " and ": "v <> {}", " + ": "v", " || ": "shop"}[joiner]
+    text = joiner.join(parts.format(i) for i in range(terms))
+    text = {" + ": f"({text}) >= 0", " || ": f"length({text}) > 0"}.get(joiner, text)
+    with case_folder() as (work, scratch):
+        planted(np.random.default_rng(terms)).write_parquet(work / "data.parquet")
+        spec = work / "spec.yaml"
+        spec.write_text(json.dumps(spec_document(query={"filter": text})))
+        code, stderr = run_case(work, scratch, spec, f"{terms} terms joined by {joiner!r}")
+        operators = terms - 1 + (terms if joiner in (" or ", " and ") else 1)  # the terms' own, or the comparison
+        assert code == (0 if operators <= 1000 else 1), f"{terms} terms joined by {joiner!r}: exit {code}: {stderr}"
+
+
+@settings(ROUND3, max_examples=max(1, EXAMPLES // 20))
+@given(pause=st.floats(0.0, 0.05), runners=st.integers(2, 3))
+def test_concurrent_publications_leave_one_whole_release(pause: float, runners: int) -> None:
+    """Runs on one report path at once: each publishes in turn; `current` always names a folder."""
+    import subprocess
+    import sys
+
+    with case_folder() as (work, _):
+        planted(np.random.default_rng(runners)).write_parquet(work / "data.parquet")
+        for name in OUTPUTS:
+            (work / name).unlink()
+        spec = work / "spec.yaml"
+        spec.write_text(json.dumps(spec_document()))
+        env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
+        env["DPRUN_TEST_PUBLISH_PAUSE"] = str(pause)
+        racers = [subprocess.Popen([sys.executable, "-m", "dprun", "run", str(spec), "--overwrite"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                  for _ in range(runners)]
+        errors = [racer.communicate(timeout=CASE_SECONDS * 2)[1] for racer in racers]
+        assert [racer.returncode for racer in racers] == [0] * runners, errors
+        verified = invoke("verify", str(work / "out" / "report.json"))
+        assert verified.exit_code == 0, verified.output
+        dangling = [p for p in work.rglob("*") if p.is_symlink() and not p.exists() and ".dprun" not in p.parts]
+        assert not dangling, dangling

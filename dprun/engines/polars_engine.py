@@ -110,10 +110,17 @@ def _rows(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: in
     if plan.selection.mode == "public":
         frame = frame.join(plan.public_keys.lazy(), on=keys, how="semi", nulls_equal=True)
     value_columns = {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    # NaN is treated as a missing value: one NaN must never turn a released number into NaN.
-    return frame.with_columns(
-        pl.col(c).cast(pl.Float64).fill_nan(None) for c in sorted(value_columns)
-    )
+    schema = frame.collect_schema()
+    return frame.with_columns(_as_value(c, schema[c]) for c in sorted(value_columns))
+
+
+def _as_value(column: str, dtype: pl.DataType) -> pl.Expr:
+    """A value column: a number or Boolean as float64, NaN as missing (one NaN must never turn a
+    released number into NaN); any other type (a text column a `count` counts, perhaps a key too)
+    as it is, since a count only asks whether each row has a value."""
+    if dtype.is_numeric() or dtype == pl.Boolean:
+        return pl.col(column).cast(pl.Float64).fill_nan(None)
+    return pl.col(column)
 
 
 def _joined_input(plan: QueryPlan, info: InputInfo, seed: int) -> pl.LazyFrame:

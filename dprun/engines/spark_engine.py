@@ -395,11 +395,22 @@ def _rows(spark: SparkSession, plan: QueryPlan, info: InputInfo, keys: list[str]
     if plan.selection.mode == "public":
         frame = _semi(frame, _to_spark(spark, plan.public_keys), keys)
     value_columns = sorted({q.quantity.column for q in plan.quantities if q.quantity.column is not None})
-    # NaN is treated as a missing value: one NaN must never turn a released number into NaN.
+    types = {field.name: field.dataType for field in frame.schema.fields}
     for c in value_columns:
-        value = _col(c).cast("double")
-        frame = frame.withColumn(c, f.when(f.isnan(value), f.lit(None).cast("double")).otherwise(value))
+        frame = frame.withColumn(c, _as_value(c, types[c]))
     return frame
+
+
+def _as_value(column: str, dtype: Any) -> Column:
+    """`polars_engine._as_value`: a number or Boolean as a double with NaN as missing; any other type
+    (a text column a `count` counts) as it is."""
+    from pyspark.sql import types as T
+
+    f = F()
+    if isinstance(dtype, (T.NumericType, T.BooleanType)):
+        value = _col(column).cast("double")
+        return f.when(f.isnan(value), f.lit(None).cast("double")).otherwise(value)
+    return _col(column)
 
 
 def _joined_input(spark: SparkSession, plan: QueryPlan, info: InputInfo, seed: int) -> DataFrame:
@@ -827,11 +838,17 @@ def _semi(frame: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
 
 
 def _key_schema(plan: QueryPlan, info: InputInfo, keys: list[str]) -> dict[str, Any]:
-    """Polars types of the partition keys as the Polars engine has them (value columns become Float64)."""
+    """Polars types of the partition keys as the Polars engine has them (a numeric or Boolean value
+    column becomes Float64, `polars_engine._as_value`)."""
     if not plan.group_by:
         return {GLOBAL_KEY: pl.Int8}
     values = {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    return {k: pl.Float64 if k in values else info.joined_schema[k] for k in keys}
+    schema = info.joined_schema
+
+    def numeric(key: str) -> bool:
+        return schema[key].is_numeric() or schema[key] == pl.Boolean
+
+    return {k: pl.Float64 if k in values and numeric(k) else schema[k] for k in keys}
 
 
 def _storage_level() -> Any:

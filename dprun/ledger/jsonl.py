@@ -12,20 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from dprun.ledger.entries import PUBLISHED, LedgerError, entry_problem
+from dprun.small_files import UnreadableFile, loads_json, read_small_file
+
+# A ledger export: a kilobyte or so per release.
+MAX_JSONL_BYTES = 1 << 30
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
     """Every entry of a JSON-lines ledger, checked and numbered; a bad line is named."""
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise LedgerError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+        raw = read_small_file(path, MAX_JSONL_BYTES)
+    except UnreadableFile as exc:
+        raise LedgerError(f"cannot read {path!s:.300}: {exc}") from None
     entries = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = loads_json(line)
         except (ValueError, UnicodeDecodeError):
             raise _bad_line(path, number, "is not valid JSON") from None
         problem = entry_problem(entry)

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from dprun.errors import OutputError
+from dprun.small_files import path_problem
+
 if TYPE_CHECKING:  # the spec package imports Polars, which `dprun --help` does not need
     from dprun.spec import LoadedSpec
 
@@ -43,9 +46,23 @@ def resolve(loaded: LoadedSpec | None, override: str | Path | None = None) -> Lo
 
 def _location(text: str, base: Path) -> Location:
     if is_database_url(text):
+        try:
+            urlsplit(text).port  # parses the host and port: a malformed one raises here, not mid-run
+        except ValueError as exc:
+            # Not shown: an unparsable URL cannot be stripped of its password.
+            raise OutputError(f"the ledger URL is not a valid URL ({exc}); check its host and port") from None
         return text
     path = Path(text).expanduser()
-    return (path if path.is_absolute() else base / path).resolve()
+    problem = path_problem(str(path if path.is_absolute() else base / path))
+    if problem is not None:
+        raise OutputError(f"the ledger path: {problem}")
+    located = path if path.is_absolute() else base / path
+    try:
+        # The folder resolved, the name kept: a ledger path that is a link to a file a spec publishes
+        # (out/report.md) is compared with that path as the spec writes it (`rules.published_path`).
+        return located.parent.resolve() / located.name
+    except (OSError, RuntimeError):  # a symbolic link loop: the ledger's own check names it
+        return located
 
 
 def shown(location: Location) -> str:

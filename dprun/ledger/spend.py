@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
-DECIMAL = re.compile(r"^(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+# At most 400 digits and a three-digit exponent: a ledger row of garbage such as 1e999999999 would
+# otherwise make an exact Fraction of a billion digits (no real spend comes near).
+DECIMAL = re.compile(r"^(?=.{1,400}$)(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?$")
 
 
 def exact(value: float | str) -> Fraction:

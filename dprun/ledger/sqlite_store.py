@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from urllib.parse import quote
 
 from dprun.ledger.entries import LedgerError
 from dprun.ledger.store import SCHEMA, SCHEMA_VERSION, Cursor, SqlLedger
+from dprun.small_files import path_problem
 
 BUSY_TIMEOUT_SECONDS = 120.0
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -31,9 +33,10 @@ class SqliteLedger(SqlLedger):
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Cursor | None]:
+        exists = self._check_location()
         if write:
             self._check_writable()
-        elif not self.path.exists():
+        elif not exists:
             yield None
             return
         self._check_format()
@@ -46,9 +49,13 @@ class SqliteLedger(SqlLedger):
         try:
             connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             cursor = connection.cursor()
+            present = _has_tables(cursor)
+            if not present and _any_table(cursor):
+                raise LedgerError(f"{self.path} is an SQLite database of something else (it has tables, none of them "
+                                  "dprun's): give the path of a new file, or of a dprun ledger")
             if write:
                 _make_schema(cursor)
-            present = write or _has_tables(cursor)
+                present = True
             if present:
                 self._check_version(cursor)
             yield cursor if present else None
@@ -65,6 +72,25 @@ class SqliteLedger(SqlLedger):
         back a transaction a crashed run left in the journal."""
         mode = "rwc" if write else "rw" if os.access(self.path, os.W_OK) else "ro"
         return f"file:{quote(str(self.path))}?mode={mode}"
+
+    def _check_location(self) -> bool:
+        """Whether the ledger file exists, after refusing what cannot be one: a path the operating
+        system cannot take, a symbolic link loop, a folder, a device or a FIFO (SQLite would hang on
+        a FIFO, and write its journal beside /dev/null)."""
+        problem = path_problem(str(self.path))
+        if problem is not None:
+            raise LedgerError(f"the ledger path {self.path!s:.200}: {problem}")
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise LedgerError(f"the ledger path {self.path}: {exc.strerror or type(exc).__name__}") from None
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a special file (device, FIFO or socket)"
+            raise LedgerError(f"the ledger path {self.path} is {kind}: give the path of a regular file (e.g. "
+                              "ledger.db)")
+        return True
 
     def _check_writable(self) -> None:
         folder = self.path.parent
@@ -118,6 +144,11 @@ def _make_schema(cursor: Cursor) -> None:
     cursor.execute("SELECT COUNT(*) FROM dprun_ledger")
     if cursor.fetchone()[0] == 0:
         cursor.execute("INSERT INTO dprun_ledger (schema_version) VALUES (?)", (SCHEMA_VERSION,))
+
+
+def _any_table(cursor: Cursor) -> bool:
+    cursor.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'")
+    return int(cursor.fetchone()[0]) > 0
 
 
 def _has_tables(cursor: Cursor) -> bool:

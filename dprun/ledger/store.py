@@ -33,6 +33,7 @@ from dprun.ledger.entries import (
     entry_problem,
     status,
 )
+from dprun.small_files import loads_json
 
 SCHEMA_VERSION = 1
 SCHEMA = (
@@ -97,9 +98,11 @@ class SqlLedger(ABC):
 
     def _decoded(self, row: tuple[Any, ...]) -> dict[str, Any]:
         number, release_id, state, text = row
+        if not isinstance(number, int) or not isinstance(release_id, (str, type(None))) or not isinstance(text, str):
+            raise self._corrupt(number if isinstance(number, int) else 0, "has a row of the wrong types")
         try:
-            stored = json.loads(text)
-        except (TypeError, ValueError):
+            stored = loads_json(text)
+        except ValueError:
             raise self._corrupt(number, "is not valid JSON") from None
         if not isinstance(stored, dict):
             raise self._corrupt(number, "is not a JSON object")

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dprun.mechanisms.sampling import RandomSource, discrete_laplace
+from dprun.mechanisms.sampling import MAX_SCALE, RandomSource, discrete_laplace
 
 # Candidates for max_partitions_contributed and max_contributions_per_partition: powers of two.
 L0_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(8))  # 1 … 128
@@ -114,6 +114,16 @@ class BoundChoicePlan:
         """The discrete Laplace scale t of every contribution and size cell (a value cell's is t · 2^VALUE_WEIGHT_BITS
         in its weight units: one unit's whole weight is worth one count)."""
         return (L1_SENSITIVITY + len(self.value_columns)) / self.epsilon
+
+    def sampler_problem(self, advice: str) -> str | None:
+        """Why the histograms' noise is beyond the samplers' range (MAX_SCALE), or None: checked when
+        the plan is made, before any row is read, so that a tiny ε never fails after the data's pass.
+        (`noisy_profile` draws the value cells' noise, t · 2^VALUE_WEIGHT_BITS, in every case.)"""
+        largest = self.scale * 2**VALUE_WEIGHT_BITS
+        if math.isfinite(largest) and largest <= MAX_SCALE:
+            return None
+        return (f"ε = {self.epsilon:.3g} for choosing the auto bounds is too small: the histograms' noise would be out "
+                f"of the samplers' range; {advice}")
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -301,6 +301,9 @@ def _exact_partition_budget(m: TruncatedGeometric) -> tuple[float, float]:
     # Beyond e**700 the margin is far above any δ anyway (and math.exp would overflow).
     margin = (1.0 + math.exp(min(epsilon, 700.0))) * PROBABILITY_ERROR
     delta = m.delta / m.max_partitions - margin
+    if not delta > 0 and margin >= 1.0:
+        raise ValueError(f"truncated_geometric cannot cover its float rounding with any δ at ε = {epsilon:.3g} per "
+                         "partition: give it a smaller ε (or more partitions per unit), or use laplace_threshold")
     if not delta > 0:
         raise ValueError(f"truncated_geometric needs a δ per partition above {margin:.1e} at this ε to "
                          "cover its float rounding: give it more δ, or use laplace_threshold")

@@ -72,15 +72,15 @@ class ValidatedSpec:
 
 
 def load_spec(path: Path) -> LoadedSpec:
-    data, marks = load_document(path)
-    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    data, marks, raw = load_document(path)
+    sha256 = hashlib.sha256(raw).hexdigest()
     filename = str(path)
     if not isinstance(data, dict):
         raise SpecError([Problem(filename, 1, 1, "", "the spec must be a mapping of fields (version, budget, ...)")])
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_pydantic_problems(exc, filename, marks, data)) from None
+        raise SpecError(_at_most(_pydantic_problems(exc, filename, marks, data), filename)) from None
     loaded = LoadedSpec(path=path, spec=spec, marks=marks, sha256=sha256)
     findings = spec_findings(spec, loaded.base_dir, path)
     if findings:
@@ -106,6 +106,17 @@ def _sample_row_findings(inputs: dict[str, InputInfo]) -> list[Finding]:
         except DataError as exc:
             findings.append((("inputs", name, "path"), exc.message))
     return findings
+
+
+# More problems than a person reads: the rest are counted, not listed (a spec of 300,000 unknown keys).
+MAX_PROBLEMS = 100
+
+
+def _at_most(problems: list[Problem], filename: str) -> list[Problem]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    more = len(problems) - MAX_PROBLEMS
+    return [*problems[:MAX_PROBLEMS], Problem(filename, None, None, "", f"and {more:,} more problem(s) like these")]
 
 
 def _problem(filename: str, marks: Marks, path: FieldPath, message: str) -> Problem:

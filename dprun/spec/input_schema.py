@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from dprun.spec.models import (
 )
 from dprun.spec.row_expressions import (
     NotRowWise,
+    date_format_problem,
     first_line,
     parse_row_expression,
     row_filter,
@@ -253,6 +255,11 @@ def _header_names_twice(paths: tuple[Path, ...], reading: InputSpec) -> list[str
     return sorted(twice)
 
 
+# Python's csv module refuses a field longer than 131,072 characters by default; Polars reads
+# any (free text, JSON in a column), so the row check must too.
+csv.field_size_limit(sys.maxsize)
+
+
 def csv_rows(handle: TextIO, reading: InputSpec) -> _csv.Reader:
     """The rows of a CSV text as Python's csv module reads them with the input's options
     (separator, quote, comment lines skipped as Polars skips them)."""
@@ -300,6 +307,11 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
         unknown = [column for column in declared.columns if column not in schema]
         if unknown:
             findings.append((("inputs", name, "columns", unknown[0]), f"column '{unknown[0]}' is not in the input"))
+            continue
+        broken = [(column, problem) for column, kind in declared.column_types().items() if kind.format is not None
+                  and (problem := date_format_problem(kind.format, kind.type == "datetime")) is not None]
+        if broken:
+            findings.append((("inputs", name, "columns", broken[0][0]), broken[0][1]))
             continue
         reserved = [column for column in schema if column.startswith(INTERNAL_PREFIX)]
         if reserved:
@@ -395,7 +407,7 @@ def _public_key_types(query: Query, base_dir: Path, info: InputInfo) -> list[Fin
     if any(column not in schema for column in query.group_by):
         return []
     try:
-        public_keys_frame(query, base_dir, schema)
+        public_keys_frame(query, base_dir, schema, declared_types(info))
     except (pl.exceptions.PolarsError, ValueError, TypeError):
         types = ", ".join(f"{c}: {schema[c]}" for c in query.group_by)
         return [(("partitions", "public"), f"a public key does not convert to the group_by column types ({types})")]
@@ -453,15 +465,17 @@ def _text_columns_note(expression: pl.Expr, schema: dict[str, pl.DataType]) -> s
     return f" ({', '.join(text)} {'is' if len(text) == 1 else 'are'} text){TEXT_NOTE}" if text else ""
 
 
-def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """The public partition keys as a frame with the group_by columns, typed like the input."""
+def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataType],
+                      kinds: dict[str, ColumnType]) -> pl.DataFrame:
+    """The public partition keys as a frame with the group_by columns, typed like the input: a key
+    written as text for a date or datetime column is parsed with the column's format (`kinds`: the
+    spec's `columns` types; ISO 8601 without one)."""
     partitions = query.partitions
     assert partitions is not None and partitions.is_public
-    casts = [pl.col(c).cast(schema[c], strict=True) for c in query.group_by if c in schema]
     if isinstance(partitions.public, dict):
         # Every combination: the cross join of each column's distinct values, in group_by order.
-        frames = [_public_column(partitions.public[c], c, base_dir).with_columns(casts[i:i + 1]).unique(
-            maintain_order=True) for i, c in enumerate(query.group_by)]
+        frames = [_as_keys(_public_column(partitions.public[c], c, base_dir), [c], schema, kinds).unique(
+            maintain_order=True) for c in query.group_by]
         frame = frames[0]
         for other in frames[1:]:
             frame = frame.join(other, how="cross")
@@ -472,7 +486,33 @@ def public_keys_frame(query: Query, base_dir: Path, schema: dict[str, pl.DataTyp
         frame = pl.DataFrame(columns, strict=False)
     else:
         frame = _key_file(partitions.public_file or "", base_dir).select(query.group_by)
-    return frame.with_columns(casts).unique(maintain_order=True)
+    return _as_keys(frame, list(query.group_by), schema, kinds).unique(maintain_order=True)
+
+
+def declared_types(info: InputInfo) -> dict[str, ColumnType]:
+    """The spec's `columns` types of a query's input and of the inputs joined to it."""
+    types: dict[str, ColumnType] = {}
+    for source in (info, *(joined.info for joined in info.joins)):
+        types |= source.reading.column_types()
+    return types
+
+
+def _as_keys(frame: pl.DataFrame, columns: list[str], schema: dict[str, pl.DataType],
+             kinds: dict[str, ColumnType]) -> pl.DataFrame:
+    """Key columns converted to the input's types, strictly."""
+    conversions = []
+    for column in columns:
+        given, wanted = frame.schema[column], schema.get(column)
+        if wanted is None or given == wanted:
+            continue
+        if given == pl.String and (wanted == pl.Date or isinstance(wanted, pl.Datetime)):
+            kind = kinds.get(column)
+            if kind is None or kind.type not in ("date", "datetime"):
+                kind = ColumnType(type="date" if wanted == pl.Date else "datetime")
+            conversions.append(typed(pl.col(column), kind).cast(wanted))
+        else:
+            conversions.append(pl.col(column).cast(wanted, strict=True))
+    return frame.with_columns(conversions) if conversions else frame
 
 
 def _public_column(values: list[Scalar] | PublicColumn, column: str, base_dir: Path) -> pl.DataFrame:

@@ -143,6 +143,13 @@ class InputSpec(Strict):
             raise ValueError("must be one ASCII character other than a line break")
         return value
 
+    @model_validator(mode="after")
+    def _quote_apart_from_separator(self) -> InputSpec:
+        if self.quote_char is not None and self.quote_char == self.separator:
+            raise ValueError("`quote_char` and `separator` are the same character: a field could not be told "
+                             "from a quote; give one of them another character")
+        return self
+
     def column_types(self) -> dict[str, ColumnType]:
         return {name: ColumnType(type=kind) if isinstance(kind, str) else kind for name, kind in self.columns.items()}
 

@@ -18,8 +18,12 @@ scan, so the same check guards every path from a spec to the data.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
@@ -72,6 +76,15 @@ ROW_FUNCTIONS = frozenset({
 
 MEMBERSHIP = frozenset({"Sql.IsIn", "Boolean.IsIn"})
 
+# LPAD/RPAD: the length must be a literal this small (a column, or 10^9, would let one row exhaust memory).
+PADDING = frozenset({"StringExpr.PadStart", "StringExpr.PadEnd"})
+MAX_PAD_LENGTH = 10_000
+# Bounds on an expression's text, checked before Polars parses it (`_too_large`).
+MAX_EXPRESSION_CHARACTERS = 100_000
+MAX_OPERATORS = 1_000
+_OPERATOR = re.compile(r"\b(?:and|or|xor|when)\b|[-+*/%<>=!|&^~]+", re.IGNORECASE)
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+
 # Why a refused node reads other rows, for the message; a node not named here is
 # refused as "not on the list".
 AGGREGATE = "aggregate function"
@@ -108,15 +121,44 @@ def parse_row_expression(text: str, role: str = "filter") -> pl.Expr:
     quoted = _quote(text)
     if SUBQUERY.search(text):
         raise NotRowWise(f"{quoted}: a {role} must be a row expression; sub-queries (SELECT) are not allowed")
+    too_large = _too_large(text)
+    if too_large is not None:
+        raise NotRowWise(f"the {role} {too_large}")
     try:
         expression = pl.sql_expr(text)
-        tree = json.loads(expression.meta.serialize(format="json"))
+        with _deep_json():
+            tree = json.loads(expression.meta.serialize(format="json"))
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError) as exc:
         raise NotRowWise(f"the {role} is not a valid SQL expression: {first_line(str(exc))}") from None
     refusal = _refusal(tree, parent=None, position=0)
     if refusal is not None:
         raise NotRowWise(f"{quoted} {refusal}; a {role} must depend on its own row only ({PRIVACY_DOC})")
     return expression
+
+
+def _too_large(text: str) -> str | None:
+    """Why an expression is too large to parse safely, or None. Polars' SQL parser recurses once per
+    operator of a chain (`a OR b OR …`): about 6,000 of them overflow its stack and kill the process
+    (SIGSEGV, no message); 3,000 parse. So the text is bounded before Polars sees it."""
+    if len(text) > MAX_EXPRESSION_CHARACTERS:
+        return f"is longer than {MAX_EXPRESSION_CHARACTERS:,} characters; shorten it"
+    operators = len(_OPERATOR.findall(_QUOTED.sub("''", text)))
+    if operators > MAX_OPERATORS:
+        return (f"has {operators:,} operators, more than the {MAX_OPERATORS:,} dprun parses; write a list of "
+                "alternatives as `column IN (…)`, or derive a column in steps")
+    return None
+
+
+@contextmanager
+def _deep_json() -> Iterator[None]:
+    """Room for the JSON of a tree of MAX_OPERATORS operators (a few levels each): Python's json
+    decoder recurses once per level."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * MAX_OPERATORS + 1000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def row_filter(text: str, field: str = "filter") -> pl.Expr:
@@ -128,41 +170,98 @@ def row_filter(text: str, field: str = "filter") -> pl.Expr:
         raise SpecError([Problem(file="", line=None, column=None, field=field, message=str(exc))]) from None
 
 
+Children = list[tuple[Any, str | None, int]]  # (node, the function it is an input of, its position)
+
+
 def _refusal(node: Any, parent: str | None, position: int) -> str | None:
-    """Why `node` (a serialized Polars expression) is not row-wise, or None if it is."""
+    """Why `node` (a serialized Polars expression) is not row-wise, or None if it is: the first
+    refused node, depth first and left to right, walked with a stack of its own (a filter of
+    hundreds of `OR` terms is a tree that deep, beyond Python's recursion limit)."""
+    pending: Children = [(node, parent, position)]
+    while pending:
+        current, within, place = pending.pop()
+        verdict = _node_verdict(current, within, place)
+        if isinstance(verdict, str):
+            return verdict
+        pending.extend(reversed(verdict))
+    return None
+
+
+def _node_verdict(node: Any, parent: str | None, position: int) -> str | Children:
+    """Why this node alone is refused, or the children to check next."""
     if isinstance(node, str):
         return _refused(node)
     if not isinstance(node, dict) or len(node) != 1:
         return _refused("an unrecognised expression")
     ((kind, body),) = node.items()
     if kind == "Column":
-        return None if isinstance(body, str) else _refused("Column")
+        return [] if isinstance(body, str) else _refused("Column")
     if kind == "Literal":
-        return _literal_refusal(body, parent, position)
+        refusal = _literal_refusal(body, parent, position)
+        return [] if refusal is None else refusal
     if not isinstance(body, dict):
         return _refused(kind)
     if kind == "BinaryExpr":
         if body.get("op") not in ROW_BINARY_OPERATORS:
             return _refused(f"the operator {body.get('op')}")
-        return _first_refusal([body.get("left"), body.get("right")], None)
+        return _children([body.get("left"), body.get("right")], None)
     if kind == "Ternary":
-        return _first_refusal([body.get("predicate"), body.get("truthy"), body.get("falsy")], None)
+        return _children([body.get("predicate"), body.get("truthy"), body.get("falsy")], None)
     if kind == "Cast":
         dtype = body.get("dtype")
         if not (isinstance(dtype, dict) and set(dtype) == {"Literal"}):
             return _refused("a cast to a computed type")
-        return _refusal(body.get("expr"), None, 0)
+        return _children([body.get("expr")], None)
     if kind == "Function":
         name = _function_name(body.get("function"))
         if name not in ROW_FUNCTIONS:
             return _refused(name)
-        if name == "StringExpr.Strptime" and _strptime_format(body.get("function")) is None:
-            return ("parses a date or time without a format, which Polars then guesses from the first value it "
-                    "reads (another person's row); give the format, e.g. date(s, '%Y-%m-%d') or "
-                    "timestamp(s, '%Y-%m-%d %H:%M:%S')")
+        if name == "StringExpr.Strptime":
+            fmt = _strptime_format(body.get("function"))
+            if fmt is None:
+                return ("parses a date or time without a format, which Polars then guesses from the first value "
+                        "it reads (another person's row); give the format, e.g. date(s, '%Y-%m-%d') or "
+                        "timestamp(s, '%Y-%m-%d %H:%M:%S')")
+            problem = date_format_problem(fmt, with_time=True)
+            if problem is not None:
+                return f"parses with a format that does not work: {problem}"
         inputs = body.get("input")
-        return _first_refusal(inputs if isinstance(inputs, list) else [None], name)
+        if name in PADDING and not _small_literal(inputs[1] if isinstance(inputs, list) and len(inputs) > 1 else None):
+            return (f"pads to a length that is not a whole-number literal of at most {MAX_PAD_LENGTH:,} (one row "
+                    "could ask for more memory than the machine has); write the length as a number")
+        return _children(inputs if isinstance(inputs, list) else [None], name)
     return _refused(kind)
+
+
+def _small_literal(node: Any) -> bool:
+    """A literal whole number from 0 to MAX_PAD_LENGTH."""
+    try:
+        value = node["Literal"]["Dyn"]["Int"]
+    except (KeyError, TypeError):
+        return False
+    return isinstance(value, int) and 0 <= value <= MAX_PAD_LENGTH
+
+
+def _children(nodes: list[Any], parent: str | None) -> Children:
+    return [(child, parent, position) for position, child in enumerate(nodes)]
+
+
+def date_format_problem(fmt: str, with_time: bool) -> str | None:
+    """Why Polars cannot read dates (or datetimes) written in `fmt`, or None: a fixed instant is
+    written with the format and read back (chrono accepts any format string and then reads no
+    value, which would be blamed on the data)."""
+    instant = datetime.datetime(2001, 2, 3, 4, 5, 6, 789000)
+    try:
+        text = pl.select(pl.lit(instant).dt.strftime(fmt)).item()
+        parsed = pl.lit(text).str.to_datetime(fmt, strict=False) if with_time else \
+            pl.lit(text).str.to_date(fmt, strict=False)
+        back = pl.select(parsed).item()
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
+        back = None
+    if back is None:
+        return (f"the format '{fmt}' cannot read back a date it writes: check its directives (chrono's "
+                "strftime, e.g. %Y-%m-%d, %d/%m/%Y %H:%M:%S%.f)")
+    return None
 
 
 def _strptime_format(function: Any) -> str | None:
@@ -174,14 +273,6 @@ def _strptime_format(function: Any) -> str | None:
         return None
     fmt = options.get("format") if isinstance(options, dict) else None
     return fmt if isinstance(fmt, str) else None
-
-
-def _first_refusal(children: list[Any], parent: str | None) -> str | None:
-    for position, child in enumerate(children):
-        refusal = _refusal(child, parent, position)
-        if refusal is not None:
-            return refusal
-    return None
 
 
 def _literal_refusal(body: Any, parent: str | None, position: int) -> str | None:

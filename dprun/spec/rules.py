@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dprun.ledger.location import companion_files, has_password, is_database_url
+from dprun.publish import STORE
 from dprun.spec.models import Join, PublicColumn, Query, Scalar, Spec
 from dprun.spec.yaml_loader import FieldPath
 
@@ -169,16 +170,30 @@ def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
                 )
 
 
+def published_path(base_dir: Path, written: str) -> Path:
+    """A path dprun publishes to: its folder resolved, its last part kept as written (publication
+    makes the path itself a link, `dprun.publish`; resolving it would name the file it shows now)."""
+    candidate = Path(written) if Path(written).is_absolute() else base_dir / written
+    try:
+        return candidate.parent.resolve() / candidate.name
+    except (OSError, RuntimeError):  # a symbolic link loop in the folder: publication names it
+        return candidate
+
+
 def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[Finding]:
     inputs = _read_paths(spec, base_dir, spec_path)
-    report = (base_dir / spec.report).resolve()
+    report = published_path(base_dir, spec.report)
     if set(report_files(report)) & inputs:
         yield ("report",), ("the report (or the report.md or report.html beside it) would overwrite a file this "
                             "spec reads")
+    if STORE in report.parts:
+        yield ("report",), f"the report path is inside a `{STORE}` folder, where dprun keeps its releases"
     seen: dict[Path, str] = {}
     for index, query in enumerate(spec.queries):
-        target = (base_dir / query.output.path).resolve()
+        target = published_path(base_dir, query.output.path)
         at = ("queries", index, "output", "path")
+        if STORE in target.parts:
+            yield at, f"the output path is inside a `{STORE}` folder, where dprun keeps its releases"
         if target in seen:
             yield at, f"queries '{seen[target]}' and '{query.name}' write the same output"
         if target in inputs:
@@ -289,9 +304,9 @@ def ledger_file_problem(ledger: Path, touched: set[Path]) -> str | None:
 
 
 def published_and_read(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
-    """Every file a run of the spec reads or writes, resolved."""
-    report = (base_dir / spec.report).resolve()
-    outputs = {(base_dir / query.output.path).resolve() for query in spec.queries}
+    """Every file a run of the spec reads (resolved) or publishes to (`published_path`)."""
+    report = published_path(base_dir, spec.report)
+    outputs = {published_path(base_dir, query.output.path) for query in spec.queries}
     return _read_paths(spec, base_dir, spec_path) | outputs | set(report_files(report))
 
 

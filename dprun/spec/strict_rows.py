@@ -36,8 +36,10 @@ from dprun.spec.input_schema import InputInfo, csv_rows, typed
 from dprun.spec.models import ColumnType, ColumnTypeName
 
 # What Polars' CSV reader takes for these types (it strips surrounding blanks).
-_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
-_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf|infinity|nan)\s*", re.IGNORECASE)
+# ASCII digits only (re.ASCII): Polars reads no other digits, where Python's \d takes any script's.
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*", re.ASCII)
+_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf|infinity|nan)\s*",
+                    re.IGNORECASE | re.ASCII)
 _BOOLEAN = re.compile(r"\s*(true|false)\s*", re.IGNORECASE)
 
 
@@ -65,7 +67,7 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
 
 def _check_csv(path: Path, shown: str, info: InputInfo, limit: int | None, every_value: bool) -> None:
     reading = info.reading
-    with _csv_text(path) as handle:
+    with _csv_text(path, reading.encoding) as handle:
         reader = csv_rows(handle, reading)
         rows: Iterator[list[str]] = (row for row in reader if row)  # blank lines (and comment lines) are skipped
         first = next(rows, [])
@@ -86,7 +88,12 @@ def _check_csv(path: Path, shown: str, info: InputInfo, limit: int | None, every
         if not reading.has_header:
             rows = _prepend(first, rows)
         try:
+            strict_text = reading.encoding == "utf8"
             for row in islice(rows, limit):
+                if strict_text and _INVALID_BYTE.search("".join(row)):
+                    held_values_parse()
+                    raise DataError(f"{shown}: line {reader.line_num} is not valid UTF-8; fix the file, or set the "
+                                    "input's `encoding: utf8-lossy` to read such bytes as U+FFFD (nothing was counted)")
                 if len(row) != width:
                     held_values_parse()
                     raise DataError(f"{shown}: line {reader.line_num} has {len(row)} fields, the header has "
@@ -238,9 +245,16 @@ def _check_parquet_types(path: Path, shown: str, info: InputInfo) -> None:
                             "fix the file or the type in `columns` (nothing was counted)") from None
 
 
-def _csv_text(path: Path) -> TextIO:
-    # utf-8-sig drops a byte-order mark as Polars does; undecodable bytes are Polars' to refuse.
-    return path.open(encoding="utf-8-sig", errors="replace", newline="")
+def _csv_text(path: Path, encoding: str) -> TextIO:
+    """utf-8-sig drops a byte-order mark as Polars does. Under `utf8`, invalid bytes are kept as
+    lone surrogates, which `_check_csv` finds and names by line (Polars would refuse the file
+    without saying where); under `utf8-lossy` they read as U+FFFD, as Polars reads them."""
+    return path.open(encoding="utf-8-sig", errors="surrogateescape" if encoding == "utf8" else "replace",
+                     newline="")
+
+
+# A byte that is not UTF-8, as `surrogateescape` decodes it.
+_INVALID_BYTE = re.compile("[\udc80-\udcff]")
 
 
 def _plain_columns(schema: dict[str, pl.DataType]) -> set[str]:

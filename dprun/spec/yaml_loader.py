@@ -20,21 +20,28 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, YAMLError
 
 from dprun.errors import Problem, SpecError
+from dprun.small_files import UnreadableFile, read_small_file
+
+# A spec is a page or two of YAML: a larger file is not one (and would take long to parse).
+MAX_SPEC_BYTES = 1 << 20
 
 FieldPath = tuple[str | int, ...]
 Marks = dict[FieldPath, tuple[int, int]]
 
 
-def load_document(path: Path) -> tuple[Any, Marks]:
-    """Read a spec file into plain Python data and a map from field path to (line, column), 1-based."""
+def load_document(path: Path) -> tuple[Any, Marks, bytes]:
+    """Read a spec file into plain Python data, a map from field path to (line, column), 1-based,
+    and the file's bytes (read once: the spec's sha256 is of these)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([Problem(str(path), None, None, "", "spec file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not readable as UTF-8 text"
-        raise SpecError([Problem(str(path), None, None, "", f"cannot read the spec file: {reason}")]) from None
-    return parse_text(text, str(path))
+        raw = read_small_file(path, MAX_SPEC_BYTES)
+        text = raw.decode("utf-8")
+    except UnreadableFile as exc:
+        reason = "spec file not found" if str(exc) == "not found" else f"cannot read the spec file: {exc}"
+        raise SpecError([Problem(f"{path!s:.300}", None, None, "", reason)]) from None
+    except UnicodeDecodeError:
+        raise SpecError([Problem(str(path), None, None, "", "cannot read the spec file: not readable as UTF-8 "
+                                 "text")]) from None
+    return (*parse_text(text, str(path)), raw)
 
 
 def parse_text(text: str, filename: str) -> tuple[Any, Marks]:

@@ -501,6 +501,8 @@ def test_csv_reading_options_give_the_same_release_on_both_engines(tmp_path: Pat
     document["queries"][0]["derive"] = {"parity": "uid % 2"}
     document["queries"][0]["filter"] = "parity = 0"
     document["queries"][0]["metrics"].append({"name": "h", "kind": "sum", "column": "half", "bounds": [0, 5]})
+    # A count of a text column counts its non-null values (#41): never cast to a number.
+    document["queries"][0]["metrics"].append({"name": "texts", "kind": "count", "column": "g"})
     spec.write_text(json.dumps(document))
     polars_tables, spark_tables = run_both(spec, spark)
     assert_identical(polars_tables, spark_tables)
