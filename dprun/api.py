@@ -144,9 +144,14 @@ def explain_card(validated: ValidatedSpec) -> str:
 
 def spec_json_schema() -> dict[str, Any]:
     """The spec language as a JSON Schema (what `dprun schema` prints; docs/dprun.schema.json)."""
-    from dprun.spec.models import Spec
+    from dprun.spec.models import Spec, SqlQuery
 
     document = Spec.model_json_schema()
+    # A query may also be written in SQL: the document's second form of a query (the loader
+    # compiles it into the first before the model sees it).
+    sql = SqlQuery.model_json_schema()
+    document["$defs"] |= sql.pop("$defs", {}) | {"SqlQuery": sql}
+    document["properties"]["queries"]["items"] = {"anyOf": [{"$ref": "#/$defs/Query"}, {"$ref": "#/$defs/SqlQuery"}]}
     document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     document["title"] = "dprun spec, version 1"
     return document
@@ -370,6 +375,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
     """Every query's DP table, after the checks that come before any data is processed; and the
     plan with the `auto` bounds chosen."""
     from dprun.engines import polars_engine, spark_engine
+    from dprun.postprocess import released_rows
     from dprun.report import input_fingerprints
 
     targets = [(q.output_path, overwrite or q.overwrite) for q in the_plan.queries]
@@ -409,9 +415,10 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
             with _query_failures(validated, query, workdir):
                 info = validated.query_inputs[query.name]
                 if spark is not None:
-                    tables[query.name] = spark_engine.run_query(query, info, source, spark)
+                    released = spark_engine.run_query(query, info, source, spark)
                 else:
-                    tables[query.name] = polars_engine.run_query(query, info, source, workdir)
+                    released = polars_engine.run_query(query, info, source, workdir)
+                tables[query.name] = released_rows(released, query)
     if reserved is not None and sorted(i["sha256"] for i in input_fingerprints(validated.inputs)) != \
             reserved.release.input_hashes:
         raise DataError("the input files changed while dprun ran; nothing was published or spent")
@@ -629,13 +636,14 @@ def scaffold_placeholders(text: str) -> int:
     return len(scaffold_mod.placeholder_lines(text))
 
 
-def write_scaffold(data_path: str | Path, spec_path: str | Path, fmt: str | None = None, force: bool = False) -> str:
+def write_scaffold(data_path: str | Path, spec_path: str | Path, fmt: str | None = None, force: bool = False,
+                   sql: bool = False) -> str:
     """`scaffold`, written to `spec_path` whole or not at all (a temporary file renamed into
     place); an existing file is replaced only with `force` (else `OutputError`, exit 6)."""
     target = Path(spec_path)
     if _same_file(target, Path(data_path)):
         raise OutputError(f"{target} is the data file init reads: write the spec elsewhere")
-    text = scaffold(data_path, target, fmt)
+    text = scaffold(data_path, target, fmt, sql)
     write_whole(target, text.encode(), force)
     return text
 
@@ -647,12 +655,14 @@ def _same_file(one: Path, other: Path) -> bool:
         return False
 
 
-def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None) -> str:
+def scaffold(data_path: str | Path, spec_path: str | Path | None = None, fmt: str | None = None,
+             sql: bool = False) -> str:
     """A commented spec for a data file, from its column names and types only; see `dprun init`.
 
-    Paths in it are relative to `spec_path`'s folder (the working folder if None); nothing is written.
+    Paths in it are relative to `spec_path`'s folder (the working folder if None); nothing is
+    written. With `sql`, its query is written as a SELECT statement.
     """
-    return scaffold_mod.scaffold(Path(data_path), None if spec_path is None else Path(spec_path), fmt)
+    return scaffold_mod.scaffold(Path(data_path), None if spec_path is None else Path(spec_path), fmt, sql)
 
 
 def _release(validated: ValidatedSpec, the_plan: Plan) -> ledger_entries.Release:

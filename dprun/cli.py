@@ -450,7 +450,8 @@ def ledger_abandon(release: int, where: str | None, spec: Path | None, confirm_n
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "ndjson"]), default=None,
               help="The data file's format, if its suffix does not tell.")
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
-def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> None:
+@click.option("--sql", "sql", is_flag=True, help="Write the query as a SQL SELECT statement.")
+def init(datafile: Path, output: Path | None, fmt: str | None, force: bool, sql: bool) -> None:
     """Scaffold a commented spec from DATAFILE's column names and types (never its values).
 
     The privacy unit is left as a FILL_IN placeholder to fill from domain knowledge (the
@@ -460,9 +461,9 @@ def init(datafile: Path, output: Path | None, fmt: str | None, force: bool) -> N
     from dprun import api
 
     if output is None:
-        click.echo(api.scaffold(datafile, None, fmt), nl=False)
+        click.echo(api.scaffold(datafile, None, fmt, sql), nl=False)
         return
-    text = api.write_scaffold(datafile, output, fmt, force)
+    text = api.write_scaffold(datafile, output, fmt, force, sql)
     count = api.scaffold_placeholders(text)
     click.echo(f"wrote {output}: fill its {count} FILL_IN placeholder(s) (the privacy unit), check the "
                f"proposed column types, then run `dprun validate {output}`", err=True)

@@ -16,6 +16,7 @@ from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.quantile_candidates import CandidatePlan
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.selection import SelectionMechanism
+from dprun.spec.models import PostProcess
 
 PartitionMode = Literal["global", "public", "private"]
 
@@ -116,6 +117,8 @@ class QueryPlan:
     # `auto` contribution bounds: how they are chosen, and once chosen, what (max_partitions / max_rows hold it)
     bound_choice: BoundChoicePlan | None = None
     chosen_bounds: ChosenBounds | None = None
+    sql: str | None = None  # the statement the query was written as, if it was
+    postprocess: PostProcess | None = None  # HAVING, ORDER BY, LIMIT on the released table
 
     @property
     def private_input(self) -> str:

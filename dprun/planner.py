@@ -456,6 +456,8 @@ def _plan_query(
         joins=_join_plans(query, validated),
         input_max_rows_per_unit=None if isinstance(query.input, str) else query.input.max_rows_per_unit.get(
             query.private_input),
+        sql=query.sql,
+        postprocess=query.postprocess,
     )
 
 

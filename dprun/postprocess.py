@@ -65,3 +65,22 @@ def _metric(metric: MetricPlan, noisy: dict[str, np.ndarray]) -> pl.Series:
     if metric.kind == "variance":
         return pl.Series(name, variance)
     return pl.Series(name, np.sqrt(variance))
+
+
+def released_rows(table: pl.DataFrame, plan: QueryPlan) -> pl.DataFrame:
+    """The released table after a query's HAVING, ORDER BY and LIMIT (from SQL), which act on the
+    released values only: post-processing. Expressions are of the released columns, row-wise
+    (`row_expressions` checks them)."""
+    from dprun.spec.row_expressions import row_filter
+
+    post = plan.postprocess
+    if post is None:
+        return table
+    if post.having is not None:
+        table = table.filter(row_filter(post.having, "postprocess.having"))
+    if post.order_by:
+        table = table.sort([row_filter(o.column, "postprocess.order_by") for o in post.order_by],
+                           descending=[o.descending for o in post.order_by], nulls_last=True, maintain_order=True)
+    if post.limit is not None:
+        table = table.head(post.limit)
+    return table

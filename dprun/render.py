@@ -57,6 +57,19 @@ def _input_line(query: dict[str, Any]) -> str:
     return f"input: {query['input']}{cut(query['input'])}{joins}"
 
 
+def _postprocess_line(query: dict[str, Any]) -> str:
+    """What a query written in SQL does to its released table, e.g. `after the noise: HAVING visits >
+    1000, ORDER BY visits DESC, LIMIT 3 (post-processing, no budget)`."""
+    post = query["postprocess"]
+    steps = [f"HAVING {post['having']}"] if post["having"] else []
+    if post["order_by"]:
+        steps.append("ORDER BY " + ", ".join(f"{o['column']}{' DESC' if o['descending'] else ''}"
+                                             for o in post["order_by"]))
+    if post["limit"] is not None:
+        steps.append(f"LIMIT {post['limit']}")
+    return f"after the noise: {', '.join(steps)} (post-processing, no budget)"
+
+
 def _selection_line(query: dict[str, Any]) -> str:
     p = query["partitions"]
     if p["mode"] == "global":
@@ -126,6 +139,8 @@ def print_explanation(explanation: dict[str, Any], console: Console) -> None:
         console.print("  " + _selection_line(query))
         if query.get("auto_bounds"):
             console.print("  " + _auto_bounds_line(query))
+        if query.get("postprocess"):
+            console.print("  " + _postprocess_line(query))
         console.print()
     console.print(_total_line(explanation))
 
@@ -147,6 +162,8 @@ def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budg
         lines += [f"## Query `{query['name']}`", "", _input_line(query), "", _selection_line(query), ""]
         if query.get("auto_bounds"):
             lines += [_auto_bounds_line(query), ""]
+        if query.get("postprocess"):
+            lines += [_postprocess_line(query), ""]
         if "partitions_released" in query:
             lines += [f"Partitions released: **{query['partitions_released']}** → `{query['output']}`", ""]
         lines.append("| " + " | ".join(METRIC_HEADER) + " |")

@@ -74,7 +74,20 @@ def _explain_query(query: QueryPlan) -> dict[str, Any]:
         },
         "quantities": [_explain_quantity(q) for q in query.quantities],
         "metrics": [_explain_metric(query, m) for m in query.metrics],
+        **_written_in_sql(query),
     }
+
+
+def _written_in_sql(query: QueryPlan) -> dict[str, Any]:
+    """A query written in SQL: its statement, and what it asks of the released table after the noise
+    (post-processing, which spends no budget). Nothing for a query written in YAML."""
+    written: dict[str, Any] = {} if query.sql is None else {"sql": query.sql}
+    post = query.postprocess
+    if post is not None:
+        written["postprocess"] = {
+            "having": post.having, "order_by": [o.model_dump() for o in post.order_by], "limit": post.limit,
+            "note": "applied to the released values after the noise: post-processing, no budget"}
+    return written
 
 
 def _contribution_bounds(query: QueryPlan) -> dict[str, int | str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -90,7 +91,7 @@ def _metric_candidates(columns: list[ProposedColumn]) -> list[ProposedColumn]:
     return sorted(numbers, key=lambda c: (not c.is_measure_like, c.kind != "float64"))
 
 
-def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = None) -> str:
+def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = None, sql: bool = False) -> str:
     """The scaffold's text. Paths in it are relative to `spec_path`'s folder (else the working folder)."""
     found, columns = describe(data_path, fmt)
     base = (spec_path.resolve().parent if spec_path is not None else Path.cwd())
@@ -147,21 +148,36 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
         *_declared_columns(columns, found),
         "queries:",
         f"  - name: {stem}",
+        *(_sql_query if sql else _yaml_query)(stem, group_candidates, values, listing),
+        "    output:",
+        f"      path: out/{stem}.parquet  # relative to this spec file",
+        "report: out/report.json  # the accounting report; report.md is written beside it",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+BOUNDS_COMMENT = [
+    "    contribution_bounds:",
+    "      # How many partitions (group_by keys; 1 without group_by) one privacy unit may",
+    "      # contribute to, and how many of its rows count in each; the rest are dropped at random.",
+    "      max_partitions_contributed: auto",
+    "      max_contributions_per_partition: auto",
+]
+
+
+def _yaml_query(stem: str, groups: list[ProposedColumn], values: list[ProposedColumn],
+                listing: Callable[[list[ProposedColumn]], str]) -> list[str]:
+    lines = [
         f"    input: {stem}",
         "    # Partition by columns (e.g. categories, dates) to release one row per key. The keys",
         "    # are then selected privately unless listed under `partitions: {public: [...]}`.",
-        f"    # Candidates: {listing(group_candidates)}",
-        f"    # group_by: [{_quote(group_candidates[0].name) if group_candidates else 'column'}]",
-        "    contribution_bounds:",
-        "      # How many partitions (group_by keys; 1 without group_by) one privacy unit may",
-        "      # contribute to, and how many of its rows count in each; the rest are dropped at random.",
-        "      max_partitions_contributed: auto",
-        "      max_contributions_per_partition: auto",
+        f"    # Candidates: {listing(groups)}",
+        f"    # group_by: [{_quote(groups[0].name) if groups else 'column'}]",
+        *BOUNDS_COMMENT,
         "    metrics:",
         "      - {name: rows, kind: count}",
         "      - {name: people, kind: privacy_id_count}",
     ]
-    used = {"rows", "people"}
     if values:
         lines += [
             "      # Numbers to sum, measures first (columns named like identifiers, codes or calendar",
@@ -169,19 +185,50 @@ def scaffold(data_path: Path, spec_path: Path | None = None, fmt: str | None = N
             "      # `auto`; values outside are clamped. Other kinds: mean, variance, stddev, quantile",
             "      # (with q), median, min, max.",
         ]
-        for index, column in enumerate(values[:12]):
-            name = _identifier(column.name, "value") + "_sum"
-            while name in used:
-                name = f"{name}_"
-            used.add(name)
+        for index, (name, column) in enumerate(_sum_names(values)):
             metric = f"- {{name: {name}, kind: sum, column: {_quote(column.name)}, bounds: auto}}"
             lines.append(f"      {metric}" if index == 0 else f"      # {metric}")
-    lines += [
-        "    output:",
-        f"      path: out/{stem}.parquet  # relative to this spec file",
-        "report: out/report.json  # the accounting report; report.md is written beside it",
+    return lines
+
+
+def _sql_query(stem: str, groups: list[ProposedColumn], values: list[ProposedColumn],
+               listing: Callable[[list[ProposedColumn]], str]) -> list[str]:
+    """The query as one SELECT (docs/spec.md, Queries in SQL); what SQL cannot say stays beside it."""
+    sums = _sum_names(values)
+    select = ["COUNT(*) AS rows", *(f"SUM({_sql_name(c.name)}) AS {name}" for name, c in sums[:1])]
+    lines = [
+        "    # Written in SQL: one SELECT … FROM … [WHERE …] [GROUP BY …]; docs/spec.md, Queries in SQL.",
+        f"    # Group-by candidates: {listing(groups)}",
+        f"    # Numbers to sum, measures first: {listing([c for _, c in sums])}",
+        "    sql: |",
+        f"      SELECT {', '.join(select)}",
+        "      -- , COUNT(DISTINCT <the privacy unit>) AS people",
+        f"      FROM {stem}",
+        f"      -- GROUP BY {_sql_name(groups[0].name) if groups else 'column'}",
     ]
-    return "\n".join(lines) + "\n"
+    if sums:
+        lines += ["    # The range of each summed column, from domain knowledge (values outside are clamped),",
+                  "    # or `auto`: chosen from the data with DP.",
+                  f"    bounds: {{{_quote(sums[0][1].name)}: auto}}"]
+    return [*lines, *BOUNDS_COMMENT]
+
+
+def _sum_names(values: list[ProposedColumn]) -> list[tuple[str, ProposedColumn]]:
+    """An output name per suggested column to sum (at most 12), unique and never `rows` or `people`."""
+    used = {"rows", "people"}
+    named = []
+    for column in values[:12]:
+        name = _identifier(column.name, "value") + "_sum"
+        while name in used:
+            name = f"{name}_"
+        used.add(name)
+        named.append((name, column))
+    return named
+
+
+def _sql_name(name: str) -> str:
+    """A column name as SQL writes it: bare if it can be, else double-quoted."""
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else '"' + name.replace('"', '""') + '"'
 
 
 def _missing_values(columns: list[ProposedColumn]) -> list[str]:

@@ -43,10 +43,11 @@ def test_python_dash_m_dprun() -> None:
     assert "Traceback" not in completed.stderr
 
 
-def test_there_are_six_examples() -> None:
+def test_there_are_seven_examples() -> None:
     assert [p.name for p in EXAMPLES] == [
         "restaurants_by_cuisine.yaml", "restaurants_multi.yaml", "restaurants_private.yaml",
-        "restaurants_public.yaml", "restaurants_spend_quantiles.yaml", "visits_by_home_city.yaml",
+        "restaurants_public.yaml", "restaurants_spend_quantiles.yaml", "restaurants_sql.yaml",
+        "visits_by_home_city.yaml",
     ]
 
 

@@ -203,3 +203,17 @@ def test_init_without_numeric_columns(tmp_path: Path) -> None:
     spec.write_text(fill(text, "uid"))
     assert invoke_clean("validate", str(spec)).exit_code == 0
     assert re.search(r"# group_by: \[\"colour\"\]", text)
+
+
+def test_init_writes_the_query_in_sql_when_asked(tmp_path: Path) -> None:
+    seed = int.from_bytes(os.urandom(6), "big")
+    r_style_flights(tmp_path / "flights.csv", seed)
+    spec = tmp_path / "flights.yaml"
+    assert invoke_clean("init", str(tmp_path / "flights.csv"), "-o", str(spec), "--sql").exit_code == 0
+    text = spec.read_text()
+    assert "    sql: |\n      SELECT COUNT(*) AS rows, SUM(arr_delay) AS arr_delay_sum\n      -- , COUNT(DISTINCT" in text
+    assert "    bounds: {\"arr_delay\": auto}" in text and "    metrics:" not in text
+    spec.write_text(fill(text, "tailnum"))
+    ran = invoke_clean("run", str(spec), "--seed", str(seed % 2**32))
+    assert ran.exit_code == 0, f"seed={seed}: {ran.output}"
+    assert pl.read_parquet(tmp_path / "out" / "flights.parquet").columns == ["rows", "arr_delay_sum"]

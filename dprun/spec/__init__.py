@@ -17,6 +17,7 @@ from dprun.errors import DataError, Problem, SpecError
 from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, InputInfo, inspect_inputs
 from dprun.spec.models import Spec
 from dprun.spec.rules import Finding, published_and_read, spec_findings
+from dprun.spec.sql_query import compile_sql_queries
 from dprun.spec.strict_rows import check_rows
 from dprun.spec.yaml_loader import FieldPath, Marks, dotted, load_document, locate
 
@@ -77,6 +78,7 @@ def load_spec(path: Path) -> LoadedSpec:
     filename = str(path)
     if not isinstance(data, dict):
         raise SpecError([Problem(filename, 1, 1, "", "the spec must be a mapping of fields (version, budget, ...)")])
+    compile_sql_queries(data, marks, filename, raw.decode("utf-8"))
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:

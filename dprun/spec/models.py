@@ -366,8 +366,27 @@ class Join(Strict):
         return [on] if isinstance(on, str) else list(on)
 
 
+class OrderBy(Strict):
+    column: str = Field(min_length=1, description="A released column (a group_by column or a metric), or an "
+                        "expression of them.")
+    descending: bool = False
+
+
+class PostProcess(Strict):
+    """What a query written in SQL asks of its released table, after the noise: post-processing,
+    which spends no budget (HAVING, ORDER BY, LIMIT)."""
+
+    having: str | None = Field(default=None, description="Keep the released rows where this expression, of "
+                               "released columns, holds.")
+    order_by: list[OrderBy] = Field(default_factory=list)
+    limit: Annotated[int, Field(ge=0)] | None = None
+
+
 class Query(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    sql: str | None = Field(default=None, description=(
+        "The query as one SELECT statement; dprun fills `input`, `derive`, `filter`, `group_by`, `metrics` and "
+        "`postprocess` from it (docs/spec.md, Queries in SQL)."))
     input: str | Join
     derive: dict[ColumnName, str] = Field(
         default_factory=dict, description="New columns for this query, each a row-wise Polars SQL expression.")
@@ -379,6 +398,7 @@ class Query(Strict):
     budget_share: PositiveWeight = 1.0
     noise: NoiseChoice = "auto"
     output: Output
+    postprocess: PostProcess | None = None
 
     @property
     def has_auto(self) -> bool:
@@ -393,6 +413,26 @@ class Query(Strict):
     @property
     def private_input(self) -> str:
         return self.input if isinstance(self.input, str) else self.input.join[0]
+
+
+class SqlQuery(Strict):
+    """A query as written in SQL, before `sql_query` compiles it into a `Query` (the JSON Schema's
+    second form of a query; the statement itself is checked by the compiler)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    sql: str = Field(description="One SELECT statement: docs/spec.md, Queries in SQL.")
+    bounds: dict[str, tuple[float, float] | Literal["auto"]] = Field(
+        default_factory=dict, description="Per aggregated column: [lower, upper] or auto.")
+    metric_options: dict[str, dict[str, Scalar]] = Field(
+        default_factory=dict, description="Per output column of an aggregate: budget_share, noise, clamp, "
+        "quantile_method, candidates, branching, depth, unit.")
+    max_rows_per_unit: dict[str, Annotated[int, Field(ge=1, le=10**6)]] = Field(
+        default_factory=dict, description="A join of private inputs: rows each unit keeps of each, as in `join`.")
+    partitions: Partitions | None = None
+    contribution_bounds: ContributionBounds
+    budget_share: PositiveWeight = 1.0
+    noise: NoiseChoice = "auto"
+    output: Output
 
 
 class Spec(Strict):

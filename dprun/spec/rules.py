@@ -15,6 +15,7 @@ from pathlib import Path
 from dprun.ledger.location import companion_files, has_password, is_database_url
 from dprun.publish import STORE
 from dprun.spec.models import Join, PublicColumn, Query, Scalar, Spec
+from dprun.spec.row_expressions import NotRowWise, parse_row_expression
 from dprun.spec.yaml_loader import FieldPath
 
 Finding = tuple[FieldPath, str]
@@ -210,6 +211,7 @@ def _outputs_distinct(spec: Spec, base_dir: Path, spec_path: Path) -> Iterator[F
 def _query_findings(query: Query, spec: Spec) -> Iterator[Finding]:
     pure = spec.budget.delta == 0
     yield from _listed_twice(query.group_by, ("group_by",))
+    yield from _postprocess_findings(query)
     for index, column in enumerate(query.group_by):
         if column in spec.privacy_unit_columns:
             yield ("group_by", index), (
@@ -316,6 +318,28 @@ def report_files(report: Path) -> tuple[Path, ...]:
     return (report, report.with_suffix(".md"), report.with_suffix(".html")) if report.name else (report,)
 
 
+def _postprocess_findings(query: Query) -> Iterator[Finding]:
+    """HAVING and ORDER BY are row-wise expressions of the released columns (checked now: they run
+    after the noise, when a refusal would waste the run)."""
+    post = query.postprocess
+    if post is None:
+        return
+    released = set(query.group_by) | {c for m in query.metrics for c in output_columns(m.name, m.kind, m.q)}
+    texts: list[tuple[FieldPath, str]] = [(("postprocess", "having"), post.having)] if post.having is not None \
+        else []
+    texts += [(("postprocess", "order_by", i, "column"), o.column) for i, o in enumerate(post.order_by)]
+    for at, text in texts:
+        try:
+            expression = parse_row_expression(text, "released-table expression")
+        except NotRowWise as exc:
+            yield at, str(exc)
+            continue
+        unknown = sorted(set(expression.meta.root_names()) - released)
+        if unknown:
+            yield at, f"names {', '.join(unknown)}, which the query does not release (its columns: " \
+                      f"{', '.join(sorted(released))})"
+
+
 def _listed_twice(columns: list[str], at: FieldPath) -> Iterator[Finding]:
     seen: set[str] = set()
     for index, column in enumerate(columns):
@@ -346,10 +370,11 @@ def quantile_levels(kind: str, q: float | list[float] | None) -> list[float]:
 def output_columns(name: str, kind: str, q: float | list[float] | None) -> list[str]:
     """Output column names of a metric: `<name>_p<q·100>` per level of a multi-level quantile."""
     if kind == "quantile" and isinstance(q, list) and len(q) > 1:
-        return [f"{name}_p{_percent(level)}" for level in q]
+        return [f"{name}_p{percent_text(level)}" for level in q]
     return [name]
 
 
-def _percent(level: float) -> str:
+def percent_text(level: float) -> str:
+    """A quantile level as a column name writes it: 0.1 → 10, 0.025 → 2_5."""
     text = f"{level * 100:.6g}"
     return text.replace(".", "_")
