@@ -7,12 +7,20 @@ relative error of every metric on the largest partitions (by true row count): th
 on the Plume data, every non-empty partition of the sample data. A partition that is not
 released counts as an error of 100%. The auto runs spend part of the same budget on the choice.
 
-    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean,sample_values,plume_values,defaults]
+    python benchmarks/bench_auto_bounds.py [--sets sample,plume_count,plume_sum_mean,sample_values,plume_values,defaults,
+        aircraft_count,home_mean,spread_median,spread_values_sum,…]
         [--data benchmarks/data/synth_1e6.parquet]
 
 `sample_values` and `plume_values` fix the contribution bounds (the sample spec's; the best fixed
 choice on Plume, L0 = 64, L∞ = 1) and set the value bounds of every sum and mean to `auto`, then
 to [0, u] for u on a log grid (powers of two from 4).
+
+`aircraft_<kind>`, `home_<kind>`, `spread_<kind>` (kind: count, sum, mean, median) are the shapes of
+issue #43, generated here (`heavy_rows`): 4,000 aircraft with log-normal flights (median 54, at most
+575) mostly with a home carrier of 10; 1,500 units of about 150 rows, 80% in a home partition of 6;
+20,000 units each in about 20 of 300 private partitions. One metric per run, `auto` contribution
+bounds against the grid. `spread_values_<kind>` fixes the contribution bounds at spread's best
+(32, 8) and sets the long-tailed column's value bounds to `auto`, against [0, u].
 
 `defaults` runs the Plume count with the spec's defaults (no `accounting`, no `selection` written)
 against `accounting: basic`, at L0 = 64, L∞ = 1 and with `auto` contribution bounds (where `auto`
@@ -28,9 +36,11 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from dprun import api
@@ -51,6 +61,7 @@ class DataSet:
 # The contribution bounds the value-bound sets fix: the sample spec's, and the best fixed choice on Plume.
 SAMPLE_BOUNDS = {"max_partitions_contributed": 3, "max_contributions_per_partition": 16}
 PLUME_BOUNDS = {"max_partitions_contributed": 64, "max_contributions_per_partition": 1}
+SPREAD_BOUNDS = {"max_partitions_contributed": 32, "max_contributions_per_partition": 8}
 
 
 def sample_set(with_sum: bool = False) -> DataSet:
@@ -96,6 +107,76 @@ def plume_set(data: Path, with_values: bool) -> DataSet:
     }
     name = "plume_sum_mean" if with_values else "plume_count"
     return DataSet(name, spec, truth, 1000, (4, 8, 16, 32, 64, 128), (1, 2, 4))
+
+
+# Few privacy units with many rows each (issue #43): aircraft and their flights, people and their visits.
+# One metric per run, so that each kind is measured against its own best fixed bounds.
+HEAVY_METRICS: dict[str, dict[str, Any]] = {
+    "count": {"name": "rows", "kind": "count"},
+    "sum": {"name": "sum_minutes", "kind": "sum", "column": "minutes", "bounds": [0, 300]},
+    "mean": {"name": "mean_minutes", "kind": "mean", "column": "minutes", "bounds": [0, 300]},
+    "median": {"name": "median_minutes", "kind": "median", "column": "minutes", "bounds": [0, 300]},
+}
+HEAVY_TRUTH = {"count": pl.len(), "sum": pl.col("minutes").sum(), "mean": pl.col("minutes").mean(),
+               "median": pl.col("minutes").median()}
+
+
+def heavy_rows(name: str, seed: int = 7) -> pl.DataFrame:
+    """`aircraft`: 4,000 units, log-normal rows per unit (median 54, at most 575), 90% of a unit's rows
+    with its home carrier of 10 (Zipf-like), the rest with one or two others; `home`: 1,500 units,
+    log-normal rows (about 170 each), 80% of them in the unit's home partition of 6. Minutes from an
+    hour before the schedule (a delay + 60): long-tailed, median about 57, 99th percentile near 220
+    (positive, so that relative errors of its mean mean something)."""
+    rng = np.random.default_rng(seed)
+    if name == "spread":  # 20,000 units, each in about 20 of 300 partitions (Zipf-like), 1 to 5 rows in each
+        units, partitions = 20_000, 300
+        pairs = rng.integers(5, 40, units)
+        weights = 1 / np.arange(1, partitions + 1) ** 0.7
+        unit = np.repeat(np.arange(units), pairs)
+        key = rng.choice(partitions, unit.size, p=weights / weights.sum())
+        rows = rng.integers(1, 6, unit.size)
+        unit, key = np.repeat(unit, rows), np.repeat(key, rows)
+        minutes = np.round(rng.lognormal(np.log(40), 1.2, unit.size))
+        return pl.DataFrame({"unit": unit, "key": [f"p{k:03d}" for k in key], "minutes": minutes})
+    if name == "aircraft":
+        units, partitions, home_share = 4000, 10, 0.9
+        rows = np.clip(np.round(rng.lognormal(np.log(54), 1.0, units)), 1, 575).astype(np.int64)
+        weights = 1 / np.arange(1, partitions + 1) ** 0.8
+        homes = rng.choice(partitions, units, p=weights / weights.sum())
+    else:
+        units, partitions, home_share = 1500, 6, 0.8
+        rows = np.maximum(np.round(rng.lognormal(np.log(150), 0.5, units)), 1).astype(np.int64)
+        homes = rng.integers(0, partitions, units)
+    unit = np.repeat(np.arange(units), rows)
+    home = np.repeat(homes, rows)
+    away = (home + rng.integers(1, partitions, unit.size)) % partitions
+    if name == "aircraft":  # one or two other carriers per aircraft, not any
+        second = np.repeat((homes + 1 + rng.integers(0, partitions - 1, units)) % partitions, rows)
+        away = np.where(rng.random(unit.size) < 0.7, second, away)
+    key = np.where(rng.random(unit.size) < home_share, home, away)
+    delay = np.where(rng.random(unit.size) < 0.85, rng.normal(-5, 12, unit.size), rng.exponential(60, unit.size) - 5)
+    minutes = np.maximum(np.round(delay) + 60, 0)
+    return pl.DataFrame({"unit": unit, "key": [f"p{k:02d}" for k in key], "minutes": minutes})
+
+
+def heavy_set(name: str, kind: str) -> DataSet:
+    frame = heavy_rows(name)
+    path = ROOT / "benchmarks" / "data" / f"heavy_{name}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(path)
+    metric = HEAVY_METRICS[kind]
+    truth = frame.group_by("key").agg(HEAVY_TRUTH[kind].alias(metric["name"]))
+    query: dict[str, Any] = {"name": "q", "input": "data", "group_by": ["key"], "metrics": [metric],
+                             "output": {"path": "out/q.parquet"}}
+    if name != "spread":  # its partitions are private: a selection keeps those it can
+        query["partitions"] = {"public": sorted(truth["key"].to_list())}
+    spec = {
+        "version": 1, "privacy_unit": "unit", "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "inputs": {"data": {"path": str(path)}}, "queries": [query], "report": "out/report.json",
+    }
+    if name == "spread":
+        return DataSet(f"{name}_{kind}", spec, truth, 100, (4, 8, 16, 32, 64), (1, 2, 4, 8))
+    return DataSet(f"{name}_{kind}", spec, truth, None, (1, 2, 4, 8), (4, 16, 32, 64, 128, 256, 512))
 
 
 def errors(data: DataSet, released: pl.DataFrame) -> dict[str, float]:
@@ -231,6 +312,9 @@ def main() -> None:
     args = parser.parse_args()
     makers = {"sample": sample_set, "plume_count": lambda: plume_set(args.data, False),
               "plume_sum_mean": lambda: plume_set(args.data, True)}
+    for shape in ("aircraft", "home", "spread"):
+        for kind in HEAVY_METRICS:
+            makers[f"{shape}_{kind}"] = partial(heavy_set, shape, kind)
     log_grid = tuple(2.0**k for k in range(2, 13))
     for name in args.sets.split(","):
         if name == "defaults":
@@ -238,6 +322,9 @@ def main() -> None:
         elif name == "sample_values":
             data = sample_set(with_sum=True)
             measure(replace(data, name=name), args.runs, value_choices(data, SAMPLE_BOUNDS, log_grid[:8]))
+        elif name.startswith("spread_values_"):  # the long-tailed column, at the best fixed contribution bounds
+            data = heavy_set("spread", name.removeprefix("spread_values_"))
+            measure(replace(data, name=name), args.runs, value_choices(data, SPREAD_BOUNDS, log_grid))
         elif name == "plume_values":
             data = plume_set(args.data, True)
             measure(replace(data, name=name), args.runs, value_choices(data, PLUME_BOUNDS, log_grid))

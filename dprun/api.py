@@ -56,7 +56,7 @@ from dprun.small_files import loads_json, read_small_file
 from dprun.verify import MAX_REPORT_BYTES, Verified, sha256_of, verify_release
 
 if TYPE_CHECKING:
-    from dprun.mechanisms.bound_choice import ChosenBounds, ContributionProfile
+    from dprun.mechanisms.bound_choice import ChosenBounds, NoisyShape
     from dprun.mechanisms.sampling import RandomSource
     from dprun.plan import Plan, QueryPlan
 
@@ -284,11 +284,8 @@ def profile(
             bounds = validated.spec.queries[index].contribution_bounds
             metrics = validated.spec.queries[index].metrics
             queries.append({
-                "name": query.name, "epsilon": share, **profile_summary(noisy, choice),
-                "auto_would_choose": {"max_partitions_contributed": chosen.l0,
-                                      "max_contributions_per_partition": chosen.rows,
-                                      "dropped_share_estimate": chosen.dropped_share,
-                                      "value_bounds": {v.metric: [v.lower, v.upper] for v in chosen.values}},
+                "name": query.name, "epsilon": share, **profile_summary(noisy, chosen, choice, epsilon),
+                "auto_would_choose": _would_choose(chosen, epsilon),
                 "spec_bounds": {"max_partitions_contributed": bounds.max_partitions_contributed,
                                 "max_contributions_per_partition": bounds.max_contributions_per_partition,
                                 "value_bounds": {m.name: list(m.bounds) if isinstance(m.bounds, tuple) else m.bounds
@@ -448,6 +445,24 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
             "Nothing was published") from None
 
 
+def _would_choose(chosen: ChosenBounds, epsilon: float) -> dict[str, Any]:
+    """The bounds a profile at `epsilon` saw well enough to recommend; where it did not, None and the
+    profile ε that would."""
+    seen = chosen.seen_enough
+    would: dict[str, Any] = {
+        "max_partitions_contributed": chosen.l0 if seen else None,
+        "max_contributions_per_partition": chosen.rows if seen else None,
+        "dropped_share_estimate": chosen.dropped_share if seen else None,
+        "shortfall": chosen.shortfall,
+        "epsilon_needed": None if seen else epsilon * chosen.budget_factor,
+        "value_bounds": {v.metric: [v.lower, v.upper] if v.seen_enough else None for v in chosen.values},
+    }
+    unseen = [v.budget_factor for v in chosen.values if not v.seen_enough]
+    if unseen:
+        would["value_epsilon_needed"] = epsilon * max(unseen)
+    return would
+
+
 def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, source: RandomSource,
                         spark: Any, workdir: Path) -> Plan:
     """The plan with query `index`'s `auto` bounds chosen from its data (`dprun.mechanisms.bound_choice`)."""
@@ -460,16 +475,12 @@ def _with_bounds_chosen(validated: ValidatedSpec, the_plan: Plan, index: int, so
 
 
 def _bounds_from_data(validated: ValidatedSpec, the_plan: Plan, query: QueryPlan, index: int, source: RandomSource,
-                      spark: Any, workdir: Path) -> tuple[ContributionProfile, ChosenBounds]:
+                      spark: Any, workdir: Path) -> tuple[NoisyShape, ChosenBounds]:
     """The noisy histograms of query `index` (planned as `query`, with its `bound_choice`), on the
     engine given, and the bounds chosen from them."""
     from dprun.engines import polars_engine, spark_engine
-    from dprun.mechanisms.bound_choice import (
-        choose_bounds,
-        choose_value_bounds,
-        noisy_profile,
-    )
-    from dprun.planner import relative_noise, value_noise
+    from dprun.mechanisms.bound_choice import choose_bounds, choose_value_bounds, noisy_shape
+    from dprun.planner import relative_noise
 
     assert query.bound_choice is not None, "a query with auto bounds"
     info = validated.query_inputs[query.name]
@@ -478,12 +489,9 @@ def _bounds_from_data(validated: ValidatedSpec, the_plan: Plan, query: QueryPlan
     else:
         exact = polars_engine.contribution_profile(query, info, source, workdir)
     choice = query.bound_choice
-    noisy = noisy_profile(exact, choice, source)
-    chosen = choose_bounds(noisy, choice, relative_noise(validated, the_plan, index))
-    if not choice.values:
-        return noisy, chosen
-    noise = value_noise(validated, the_plan, index, chosen.l0, chosen.rows)
-    return noisy, replace(chosen, values=choose_value_bounds(noisy, choice, chosen.typical_rows, noise))
+    noisy = noisy_shape(exact, choice, source)
+    chosen = choose_bounds(exact, noisy, choice, relative_noise(validated, the_plan, index), source)
+    return noisy, replace(chosen, values=choose_value_bounds(exact, choice, chosen.units, source))
 
 
 def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.DataFrame], source: RandomSource,

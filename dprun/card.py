@@ -151,6 +151,8 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
               f"and at most {bounds['max_contributions_per_partition']} row(s) per partition"
               f"{_auto_bounds_text(explained['auto_bounds'])}.</p>"),
              f"<p>{_partitions_text(partitions, table)}</p>"]
+    parts += [f'<p class="warning"><strong>The automatic bounds saw too little:</strong> {_text(warning)}.</p>'
+              for warning in ((explained["auto_bounds"] or {}).get("chosen") or {}).get("warnings", [])]
     keep = _keep_chart(query)
     if keep is not None:
         counted = ("units, not rows, each in as many partitions as the bounds allow: the most a partition can need"

@@ -262,6 +262,8 @@ def _step_summary(markdown: str) -> None:
 
 
 def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | None = None) -> dict[str, Any]:
+    from dprun.render import auto_bounds_warnings
+
     # The report holds paths relative to the spec's folder; the command's own output shows them whole.
     paths = {q["name"]: q["output"] for q in report["queries"]} if result is None else {
         q.name: q.output_path for q in result.plan.queries}
@@ -275,7 +277,7 @@ def _summary(report: dict[str, Any], report_path: Path, result: api.RunResult | 
         "non_private_test_seed": report["non_private_test_seed"],
         "queries": [
             {"name": q["name"], "partitions_released": q["partitions_released"], "output": str(paths[q["name"]]),
-             "sha256": q["output_sha256"]}
+             "sha256": q["output_sha256"], "warnings": auto_bounds_warnings(q)}
             for q in report["queries"]
         ],
         "ledger": None if status is None or entry is None else {

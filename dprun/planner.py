@@ -37,7 +37,6 @@ from dprun.mechanisms.quantities import (
     metric_quantities,
     noise_for,
     quantile_candidates,
-    value_reach,
 )
 from dprun.plan import (
     JoinPlan,
@@ -52,7 +51,7 @@ from dprun.plan import (
 from dprun.quantile_choice import QuantileChoice, quantile_choices, too_small_for_a_tree
 from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import declared_types, public_keys_frame, query_schema
-from dprun.spec.models import BOUND_LIMIT, ContributionBounds, Metric, Query, Spec
+from dprun.spec.models import BOUND_LIMIT, QUANTILE_KINDS, ContributionBounds, Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
@@ -164,12 +163,15 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
     share = bounds.auto_budget_share or bound_choice.DEFAULT_SHARE
     auto = bound_choice.BoundChoicePlan(
         epsilon=epsilon * share * SHARE_SAFETY,
+        share=share,
         l0=None if l0 == "auto" else l0,
         rows=None if rows == "auto" else rows,
         partitions=_known_partitions(query),
         row_metrics=sum(m.kind in ("count", "sum") for m in query.metrics),
         unit_metrics=sum(m.kind == "privacy_id_count" for m in query.metrics),
-        values=tuple(bound_choice.ValueChoice(m.name, m.column, MAIN_QUANTITY.get(m.kind))
+        rows_matter=any(m.kind != "privacy_id_count" for m in query.metrics),
+        values=tuple(bound_choice.ValueChoice(m.name, m.column, MAIN_QUANTITY.get(m.kind),
+                                              tuple(quantile_levels(m.kind, m.q)) if m.kind in QUANTILE_KINDS else ())
                      for m in query.metrics if m.bounds == "auto" and m.column is not None),
     )
     problem = auto.sampler_problem("give the spec a larger ε or `auto_budget_share`, or fixed bounds")
@@ -218,33 +220,23 @@ def relative_noise(validated: ValidatedSpec, plan: Plan, index: int) -> bound_ch
     its value in a partition of the given rows and units, summed (what `bound_choice.choose_bounds`
     weighs against the rows dropped); the rest of its plan as it is."""
 
-    def noise(l0: int, rows: int, rows_per_partition: float, units_per_partition: float) -> float:
+    def noise(l0: int, rows: int, rows_per_partition: float, units_per_partition: float, kept: float) -> float:
         at = _planned_at(validated, plan, index, l0, rows)
-        return sum(_relative_std(at, metric, rows_per_partition, units_per_partition) for metric in at.metrics)
+        return sum(_relative_std(at, metric, rows_per_partition, units_per_partition, kept)
+                   + _estimate_error(metric, rows_per_partition * kept) for metric in at.metrics)
 
     return noise
 
 
-def value_noise(validated: ValidatedSpec, plan: Plan, index: int, l0: int, rows: int) -> bound_choice.ValueNoise:
-    """For query `index` with `bounds: auto` metrics, at contribution bounds (L0, L∞): each such metric's
-    noise std at given value bounds (what `bound_choice.choose_value_bounds` weighs against clipping).
-    Planned once; a value sum's noise scales with its sensitivity per row (`value_reach`)."""
-    at = _planned_at(validated, plan, index, l0, rows)
-    reference: dict[str, tuple[str, float]] = {}
-    for metric in at.metrics:
-        main = _main_noise(at, metric)
-        if main is not None and isinstance(main.noise, NoisePlan) and main.quantity.aggregate in VALUE_AGGREGATES:
-            reference[metric.name] = (main.quantity.aggregate, main.noise.std)
-
-    def noise(metric: str, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-        aggregate, std = reference[metric]
-        placeholder = value_reach(aggregate, *PLACEHOLDER_VALUE_BOUNDS)  # type: ignore[arg-type]
-        return std * value_reach(aggregate, lower, upper) / placeholder  # type: ignore[arg-type]
-
-    return noise
-
-
-VALUE_AGGREGATES = ("sum", "centered_sum")
+def _estimate_error(metric: MetricPlan, kept_rows: float) -> float:
+    """A quantile's error at bounds that keep `kept_rows` rows of a partition (its noise is not a
+    NoisePlan's std, so `_relative_std` leaves it out): its predicted rank error over k, plus the
+    sampling error of a statistic of k values, 1/√k (fewer rows kept, a rougher quantile). 0 for the
+    other kinds."""
+    if metric.quantile_method is None:
+        return 0.0
+    kept_rows = max(kept_rows, 1.0)
+    return dict(metric.rank_error_by_method).get(metric.quantile_method, 0.0) / kept_rows + 1 / math.sqrt(kept_rows)
 
 
 def _planned_at(validated: ValidatedSpec, plan: Plan, index: int, l0: int, rows: int) -> QueryPlan:
@@ -271,14 +263,18 @@ def _main_noise(plan: QueryPlan, metric: MetricPlan) -> NoisyQuantity | None:
                  if plan.quantity(qid).quantity.aggregate == aggregate), None)
 
 
-def _relative_std(plan: QueryPlan, metric: MetricPlan, rows: float, units: float) -> float:
+def _relative_std(plan: QueryPlan, metric: MetricPlan, rows: float, units: float, kept: float = 1.0) -> float:
     """A metric's noise std relative to its value in a partition of `rows` rows and `units` units;
-    a value is taken as half the bounds' magnitudes, (|lower| + |upper|) / 2."""
+    a value is taken as half the bounds' magnitudes, (|lower| + |upper|) / 2. A total (count, sum)
+    is compared with the whole partition's; a mean or a quantile, whose noise is over the rows the
+    bounds keep, with the `kept` share of them."""
     main = _main_noise(plan, metric)
     if main is None or not isinstance(main.noise, NoisePlan):
         return 0.0
     aggregate = main.quantity.aggregate
     size = units if aggregate == "privacy_units" else rows
+    if aggregate not in ("privacy_units", "rows", "sum"):
+        size *= kept
     if metric.bounds is not None and aggregate != "rows":
         size *= max((abs(metric.bounds[0]) + abs(metric.bounds[1])) / 2, 1 / BOUND_LIMIT)
     return main.noise.std / max(size, 1.0)

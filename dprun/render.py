@@ -110,10 +110,22 @@ def _auto_bounds_line(query: dict[str, Any]) -> str:
         parts.append(f"max_partitions_contributed {chosen['max_partitions_contributed']}, "
                      f"max_contributions_per_partition {chosen['max_contributions_per_partition']}; they drop an "
                      f"estimated {100 * chosen['dropped_share_estimate']:.1f}% of the rows")
-    parts += [f"{metric} bounds [{_num(value['bounds'][0])}, {_num(value['bounds'][1])}], clipping an estimated "
-              f"{100 * value['clipped_share_estimate']:.1f}% of its values' magnitude"
+    parts += [f"{metric} bounds [{_num(value['bounds'][0])}, {_num(value['bounds'][1])}], the "
+              f"{_percentile(value['quantile_levels'][0])} and {_percentile(value['quantile_levels'][1])} "
+              "percentiles of its column"
               for metric, value in chosen["value_bounds"].items()]
     return f"bounds chosen from the data (ε={_num(auto['epsilon'])}): " + "; ".join(parts)
+
+
+def _percentile(level: float) -> str:
+    return f"{100 * level:.3g}th"
+
+
+def auto_bounds_warnings(query: dict[str, Any]) -> list[str]:
+    """What a query's auto step could not see well, from its report entry (`report.auto_bounds_warnings`)."""
+    auto = query.get("auto_bounds")
+    chosen = auto["chosen"] if auto else None
+    return list((chosen or {}).get("warnings", []))
 
 
 def metric_rows(query: dict[str, Any]) -> list[list[str]]:
@@ -138,7 +150,9 @@ def print_explanation(explanation: dict[str, Any], console: Console) -> None:
         console.print("  " + _input_line(query))
         console.print("  " + _selection_line(query))
         if query.get("auto_bounds"):
-            console.print("  " + _auto_bounds_line(query))
+            console.print("  " + _auto_bounds_line(query), markup=False)
+            for warning in auto_bounds_warnings(query):
+                console.print(f"  WARNING: {warning}", markup=False)
         if query.get("postprocess"):
             console.print("  " + _postprocess_line(query))
         console.print()
@@ -162,6 +176,7 @@ def explanation_markdown(explanation: dict[str, Any], title: str = "Privacy budg
         lines += [f"## Query `{query['name']}`", "", _input_line(query), "", _selection_line(query), ""]
         if query.get("auto_bounds"):
             lines += [_auto_bounds_line(query), ""]
+            lines += [f"**WARNING: {warning}**\n" for warning in auto_bounds_warnings(query)]
         if query.get("postprocess"):
             lines += [_postprocess_line(query), ""]
         if "partitions_released" in query:
@@ -189,6 +204,9 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         table.add_row(query["name"], str(query["partitions_released"]), _num(eps), _num(delta), query["output"])
     console.print(table)
     console.print(_total_line(report))
+    for query in report["queries"]:
+        for warning in auto_bounds_warnings(query):
+            console.print(f"WARNING: query {query['name']}: {warning}", markup=False)
     if report.get("non_private_test_seed"):
         console.print("[bold red]WARNING: made with a test seed; this release is NOT private.[/]")
 
@@ -228,6 +246,7 @@ def short_dataset(key: str) -> str:
 
 
 PROFILE_ROWS = (("partitions per unit", "partitions_per_unit"),
+                ("rows per unit", "rows_per_unit"),
                 ("rows per unit and partition", "rows_per_unit_and_partition"),
                 ("units per partition", "units_per_partition"))
 
@@ -241,19 +260,31 @@ def print_profile(found: dict[str, Any], console: Console) -> None:
                       f"units in {where}", title_justify="left")
         for column in ("", "50%", "90%", "99%"):
             table.add_column(column, overflow="fold")
-        for label, key in PROFILE_ROWS:
-            table.add_row(label, *(_at_most(query[key][level]) for level in ("p50", "p90", "p99")))
+        shown = [(label, query[key]) for label, key in PROFILE_ROWS if query[key] is not None]
+        for label, levels in shown:
+            table.add_row(label, *(_stated(levels[level]) for level in ("p50", "p90", "p99")))
         console.print(table)
-        if query["values"]:
-            console.print(_value_table(query))
+        unseen = [level["epsilon_needed"] for _, levels in shown for level in levels.values() if level.get("cannot_tell")]
+        if unseen:
+            console.print(f"  ? : cannot tell at this ε, its noise is too wide; --epsilon {_num(max(unseen))} would "
+                          "tell them all", markup=False)
+        for metric, found_values in query["values"].items():
+            console.print("  " + _value_line(metric, found_values), markup=False)
         auto, spec = query["auto_would_choose"], query["spec_bounds"]
-        console.print(f"  auto would choose max_partitions_contributed {auto['max_partitions_contributed']}, "
-                      f"max_contributions_per_partition {auto['max_contributions_per_partition']} (an estimated "
-                      f"{100 * auto['dropped_share_estimate']:.1f}% of the rows dropped); the spec says "
-                      f"{spec['max_partitions_contributed']} and {spec['max_contributions_per_partition']}",
-                      markup=False)
-        for metric, (lower, upper) in auto["value_bounds"].items():
-            console.print(f"  auto would choose {metric} bounds [{_num(lower)}, {_num(upper)}]; the spec says "
+        if auto["max_partitions_contributed"] is None:
+            console.print(f"  auto cannot recommend contribution bounds at this ε (its choice may be "
+                          f"{100 * auto['shortfall']:.0f} points of relative error off the best); --epsilon "
+                          f"{_num(auto['epsilon_needed'])} would; the spec says {spec['max_partitions_contributed']}"
+                          f" and {spec['max_contributions_per_partition']}", markup=False)
+        else:
+            console.print(f"  auto would choose max_partitions_contributed {auto['max_partitions_contributed']}, "
+                          f"max_contributions_per_partition {auto['max_contributions_per_partition']} (an estimated "
+                          f"{100 * auto['dropped_share_estimate']:.1f}% of the rows dropped); the spec says "
+                          f"{spec['max_partitions_contributed']} and {spec['max_contributions_per_partition']}",
+                          markup=False)
+        for metric, bounds in auto["value_bounds"].items():
+            chosen = "cannot tell at this ε" if bounds is None else _bounds_text(bounds)
+            console.print(f"  auto would choose {metric} bounds: {chosen}; the spec says "
                           f"{_bounds_text(spec['value_bounds'][metric])}", markup=False)
         console.print()
     line = f"spent: ε={_num(found['epsilon'])}, δ=0"
@@ -264,22 +295,27 @@ def print_profile(found: dict[str, Any], console: Console) -> None:
         console.print("WARNING: made with a test seed; this profile is NOT private.", markup=False)
 
 
-def _value_table(query: dict[str, Any]) -> Table:
-    """The metric columns' binned value percentiles (each unit's rows weighed as one unit)."""
-    table = Table(title="  values (each privacy unit's rows weighed as one)", title_justify="left")
-    for column in ("column", "1%", "50%", "99%"):
-        table.add_column(column, overflow="fold")
-    for column, levels in query["values"].items():
-        table.add_row(column, *(_at_most(levels[level]) for level in ("p1", "p50", "p99")))
-    return table
+def _value_line(metric: str, found: dict[str, Any]) -> str:
+    """A metric column's two DP percentiles (each unit's rows weighed as one unit), or why not."""
+    if found.get("cannot_tell"):
+        return (f"values of {metric}: cannot tell where they lie at this ε; --epsilon {_num(found['epsilon_needed'])} "
+                "would")
+    (low, lower), (high, upper) = [(k, v) for k, v in found.items() if k.startswith("p")]
+    outside = 2 * (100 - float(high[1:]))
+    return (f"values of {metric} (each unit's rows weighed as one): between {_num(lower)} and {_num(upper)} for all "
+            f"but about {outside:.2g}% ({low} and {high}, each within ±{found['band']:.2g} percentile points)")
 
 
 def _bounds_text(bounds: list[float] | str) -> str:
     return bounds if isinstance(bounds, str) else f"[{_num(bounds[0])}, {_num(bounds[1])}]"
 
 
-def _at_most(value: float | str | None) -> str:
-    """A binned percentile: `≤ 16` (its bin's upper end), `> 128`, or `–` without data."""
-    if value is None:
-        return "–"
-    return value if isinstance(value, str) else f"≤ {_num(value)}"
+def _stated(found: dict[str, Any]) -> str:
+    """A binned percentile: `≤ 16 ±0.5` (its bin's upper end, its band in percentile points), `> 128`,
+    or `?` where the noise is too wide to tell."""
+    if found.get("cannot_tell"):
+        return "?"
+    value = found["at_most"]
+    return f"{value if isinstance(value, str) else '≤ ' + _num(value)} (±{found['band']:.2g} pts)"
+
+

@@ -18,7 +18,14 @@ from typing import Any
 
 from dprun import __version__
 from dprun.errors import DataError
-from dprun.mechanisms.bound_choice import VALUE_MAX_EXPONENT, VALUE_MIN_EXPONENT
+from dprun.mechanisms.bound_choice import (
+    ADVISED_SHORTFALL,
+    VALUE_MAX_EXPONENT,
+    VALUE_MIN_EXPONENT,
+    VALUE_TAIL_LIMIT,
+    BoundChoicePlan,
+    ChosenBounds,
+)
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.normal import ndtri
 from dprun.mechanisms.quantile_candidates import (
@@ -109,14 +116,15 @@ def _auto_bounds(query: QueryPlan) -> dict[str, Any] | None:
     chosen = query.chosen_bounds
     return {
         "epsilon": choice.epsilon,
-        "method": "contribution histogram (discrete Laplace), least dropped rows plus noise",
+        "method": "permute-and-flip over the candidates, scored by the units' kept shares less the noise; "
+                  "shape histograms (discrete Laplace) for the typical partition",
         "candidates": {name: values for name, values in candidates.items() if values is not None},
         "partitions": choice.partitions,
         "min_partition_units": choice.min_units,
         "value_bounds": [{
             "metric": value.metric, "column": value.column,
-            "method": "value histogram, least clipped magnitude plus noise" if value.aggregate else
-                      "value histogram, the range of the values that stand out of the noise",
+            "method": "two DP quantiles of the column (permute-and-flip), at the most extreme levels they resolve"
+                      + (", and 0" if value.aggregate == "sum" else ""),
             "candidates": f"0 and ±2^k for k = {VALUE_MIN_EXPONENT} … {VALUE_MAX_EXPONENT}",
         } for value in choice.values],
         "chosen": None if chosen is None else {
@@ -126,11 +134,43 @@ def _auto_bounds(query: QueryPlan) -> dict[str, Any] | None:
             "partitions_estimate": chosen.partitions,
             "typical_partition_units": chosen.typical_units,
             "dropped_share_estimate": chosen.dropped_share,
+            "shortfall": chosen.shortfall if choice.scores_data else None,
             "value_bounds": {value.metric: {"bounds": [value.lower, value.upper],
+                                            "quantile_levels": list(value.levels),
                                             "clipped_share_estimate": value.clipped_share}
                              for value in chosen.values},
+            "warnings": auto_bounds_warnings(choice, chosen),
         },
     }
+
+
+def auto_bounds_warnings(choice: BoundChoicePlan, chosen: ChosenBounds) -> list[str]:
+    """What the auto step could not see well at its ε, in the user's words, with the share that would."""
+    warnings = []
+
+    def advice(factor: float, goal: str) -> str:
+        share = choice.share * factor
+        if share <= 1:
+            return f"auto_budget_share: {share:.2g} (or a larger ε) would {goal}"
+        return (f"no share of this ε would {goal}: write the bounds in the spec (`dprun profile` helps), "
+                "spend a larger ε, or release over more privacy units")
+
+    if choice.scores_data and not chosen.seen_enough:
+        warnings.append(
+            f"the auto step saw about {chosen.units:,} privacy units at ε = {choice.contribution_epsilon:.3g}: the "
+            f"contribution bounds it chose may have up to {100 * chosen.shortfall:.0f} points more relative error per "
+            f"metric than the best candidate's (95% confidence); "
+            + advice(chosen.budget_factor, f"bring that to {100 * ADVISED_SHORTFALL:.0f} points"))
+    for value in chosen.values:
+        if not value.seen_enough:
+            warnings.append(
+                f"{value.metric}: the auto step could not place the tails of its column's values at ε = "
+                f"{choice.quantile_epsilon:.3g} per quantile and about {chosen.units:,} units; its bounds "
+                f"[{value.lower:.6g}, {value.upper:.6g}] are its {100 * value.tail:.3g}th and "
+                f"{100 * (1 - value.tail):.3g}th percentiles and may clamp many values; "
+                + advice(value.budget_factor, f"resolve the {100 * VALUE_TAIL_LIMIT:.3g}th and "
+                                              f"{100 * (1 - VALUE_TAIL_LIMIT):.3g}th"))
+    return warnings
 
 
 def _metric_bounds(query: QueryPlan, metric: MetricPlan) -> list[float] | str | None:

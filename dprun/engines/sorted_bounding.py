@@ -468,13 +468,19 @@ class _Profile:
     """A worker's share of the contribution histogram, of the picks per key code and of the value histograms."""
 
     cells: np.ndarray
+    unit_rows: np.ndarray
     picks: np.ndarray
     values: np.ndarray
+    kept_rows: np.ndarray
+    kept_pairs: np.ndarray
 
     def merge(self, other: _Profile) -> None:
         self.cells += other.cells
+        self.unit_rows += other.unit_rows
         self.picks += other.picks
         self.values += other.values
+        self.kept_rows += other.kept_rows
+        self.kept_pairs += other.kept_pairs
 
 
 def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seeds: tuple[int, int], workdir: Path
@@ -485,8 +491,9 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     Per unit, its partitions and the rows of the pair with the smallest keyed hash of its unit's
     and partition's values (`seeds`: the sharding key, then the picking key); per partition,
     the units that picked it; per value column, each unit's rows' value cells, weighed to one
-    count per unit (`bound_choice.unit_value_weights`). Codes only say which rows belong
-    together: which pair a unit picks depends on its own values."""
+    count per unit (`bound_choice.unit_value_weights`); per candidate bound, the units' kept
+    shares (`bound_choice.kept_weights`). Codes only say which rows belong together: which
+    pair a unit picks depends on its own values."""
     choice = plan.bound_choice
     assert choice is not None, "a query with auto bounds"
     shard_seed, pick_seed = seeds
@@ -494,8 +501,13 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     loads = _shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()])
 
     def new_profile() -> _Profile:
-        return _Profile(np.zeros(choice.shape, dtype=np.int64), np.zeros(codes.keys.count, dtype=np.int64),
-                         np.zeros((len(value_columns), bound_choice.VALUE_CELLS), dtype=np.int64))
+        return _Profile(np.zeros(choice.shape, dtype=np.int64),
+                        np.zeros(len(bound_choice.UNIT_ROWS_CANDIDATES) + 1, dtype=np.int64),
+                        np.zeros(codes.keys.count, dtype=np.int64),
+                        np.zeros((len(value_columns), bound_choice.VALUE_CELLS), dtype=np.int64),
+                        np.zeros((len(bound_choice.KEPT_CAPS), len(choice.l0_options), len(choice.rows_options)),
+                                 dtype=np.int64),
+                        np.zeros(len(choice.l0_options), dtype=np.int64))
 
     def profile_shard(load: _Shard, found: _Profile) -> None:
         shard, unit_values = _packed(load, codes, shard_seed)
@@ -514,13 +526,19 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
         order = np.lexsort((hashes, np.repeat(np.arange(starts.size), lengths)))
         picked = order[starts]
         found.cells += bound_choice.histogram(lengths, pairs[ROWS][picked], choice)
+        if starts.size:
+            found.unit_rows += bound_choice.unit_rows_histogram(np.add.reduceat(pairs[ROWS], starts))
         found.picks += np.bincount(key_code[picked], minlength=codes.keys.count)
+        kept_rows, kept_pairs = bound_choice.runs_kept_weights(pairs[ROWS], starts, lengths, choice)
+        found.kept_rows += kept_rows
+        found.kept_pairs += kept_pairs
 
     _, (total, *others) = _in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
     for other in others:
         total.merge(other)
-    return bound_choice.ContributionProfile(total.cells, bound_choice.size_histogram(total.picks[total.picks > 0]),
-                                            total.values)
+    return bound_choice.ContributionProfile(total.cells, total.unit_rows,
+                                            bound_choice.size_histogram(total.picks[total.picks > 0]),
+                                            total.kept_rows, total.kept_pairs, total.values)
 
 
 def _value_weights(unit_code: np.ndarray, values: pl.Series) -> np.ndarray:

@@ -99,6 +99,9 @@ PAIR_ROWS = "__dprun_pair_rows__"
 PICK = "__dprun_pick__"
 PICKED_KEY = "__dprun_picked_key__"
 PARTITIONS = "__dprun_partitions__"
+UNIT_ROWS = "__dprun_unit_rows__"
+CAPPED = "__dprun_capped_{}__"
+KEPT = "__dprun_kept_{}__"
 VALUE_CELL = "__dprun_value_cell__"
 EXACT = "decimal(38,0)"  # exact integers up to about 2**126 (the Polars engine uses Int128)
 
@@ -271,7 +274,7 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
                          ) -> ContributionProfile:
     """The exact histograms `auto` bounds are chosen from, as `polars_engine.contribution_profile`
     computes them: per unit, its partitions and the rows of the pair with the smallest keyed hash;
-    per partition, the units that picked it."""
+    per partition, the units that picked it; per candidate bound, the units' kept shares."""
     assert plan.bound_choice is not None, "a query with auto bounds"
     f = F()
     keys = release_steps.partition_keys(plan)
@@ -282,12 +285,18 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
         pairs = rows.groupBy(*_cols([*units, *keys])).agg(f.count(f.lit(1)).alias(PAIR_ROWS))
         pairs = pairs.withColumn(PICK, _keyed_hash(pick_seed, [*units, *keys])) \
             .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys))
+        capped = [f.sum(f.least(f.col(PAIR_ROWS), f.lit(cap))).alias(CAPPED.format(j))
+                  for j, cap in enumerate(plan.bound_choice.rows_options)]
         per_unit = pairs.groupBy(*_cols(units)).agg(
             f.count(f.lit(1)).alias(PARTITIONS), f.min_by(PAIR_ROWS, PICK).alias(PAIR_ROWS),
-            f.min_by(PICKED_KEY, PICK).alias(PICKED_KEY)).persist(_storage_level())
+            f.min_by(PICKED_KEY, PICK).alias(PICKED_KEY), f.sum(PAIR_ROWS).alias(UNIT_ROWS), *capped
+        ).persist(_storage_level())
         try:
             shapes = _collect(per_unit.groupBy(PARTITIONS, PAIR_ROWS).agg(f.count(f.lit(1)).alias(UNITS)),
                               {PARTITIONS: pl.Int64, PAIR_ROWS: pl.Int64, UNITS: pl.Int64})
+            kept_rows, kept_pairs = _kept_weights(per_unit, plan.bound_choice)
+            unit_rows = _collect(per_unit.groupBy(UNIT_ROWS).agg(f.count(f.lit(1)).alias(UNITS)),
+                                 {UNIT_ROWS: pl.Int64, UNITS: pl.Int64})
             picks = per_unit.groupBy(PICKED_KEY).agg(f.count(f.lit(1)).alias(UNITS))
             sizes = _collect(picks.groupBy(UNITS).agg(f.count(f.lit(1)).alias(PARTITIONS)),
                              {UNITS: pl.Int64, PARTITIONS: pl.Int64})
@@ -296,13 +305,38 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
         values = [_value_histogram(rows, units, column) for column in plan.bound_choice.value_columns]
     cells = bound_choice.histogram(shapes[PARTITIONS].to_numpy(), shapes[PAIR_ROWS].to_numpy(), plan.bound_choice,
                                    shapes[UNITS].to_numpy())
-    return ContributionProfile(cells, bound_choice.size_histogram(sizes[UNITS].to_numpy(), sizes[PARTITIONS].to_numpy()),
+    return ContributionProfile(cells, bound_choice.unit_rows_histogram(unit_rows[UNIT_ROWS].to_numpy(),
+                                                                       unit_rows[UNITS].to_numpy()),
+                               bound_choice.size_histogram(sizes[UNITS].to_numpy(), sizes[PARTITIONS].to_numpy()),
+                               kept_rows, kept_pairs,
                                np.array(values, dtype=np.int64).reshape(len(values), bound_choice.VALUE_CELLS))
+
+
+def _kept_weights(per_unit: DataFrame, choice: bound_choice.BoundChoicePlan) -> tuple[np.ndarray, np.ndarray]:
+    """`bound_choice.kept_weights` in Spark, from each unit's partitions, rows and capped rows: the same
+    integers, floor divisions included."""
+    f = F()
+    n, total = f.col(PARTITIONS).cast("long"), f.col(UNIT_ROWS).cast("long")
+    bits = bound_choice.UNIT_WEIGHT_BITS
+    caps = bound_choice.KEPT_CAPS
+    sums = []
+    for i, l0 in enumerate(choice.l0_options):
+        kept = f.least(n, f.lit(l0).cast("long"))
+        sums.append(f.sum(_floor_div(f.shiftleft(kept, bits), n)).alias(KEPT.format(i)))
+        for j in range(len(choice.rows_options)):
+            share = _floor_div(f.shiftleft(kept * f.col(CAPPED.format(j)).cast("long"), bits), n * total)
+            sums += [f.sum(_floor_div(share * f.least(total, f.lit(cap).cast("long")), f.lit(cap).cast("long"))
+                           ).alias(KEPT.format(f"{c}_{i}_{j}")) for c, cap in enumerate(caps)]
+    [row] = per_unit.agg(*sums).collect()
+    kept_pairs = np.array([int(row[KEPT.format(i)] or 0) for i in range(len(choice.l0_options))], dtype=np.int64)
+    kept_rows = np.array([[[int(row[KEPT.format(f"{c}_{i}_{j}")] or 0) for j in range(len(choice.rows_options))]
+                           for i in range(len(choice.l0_options))] for c in range(len(caps))], dtype=np.int64)
+    return kept_rows, kept_pairs
 
 
 def _value_histogram(rows: DataFrame, units: list[str], column: str) -> np.ndarray:
     """One column's value histogram as `bound_choice.unit_value_weights` computes it: each unit's
-    finite values' cells (`_value_cell`), weighed to 2^VALUE_WEIGHT_BITS per unit, rounded down."""
+    finite values' cells (`_value_cell`), weighed to 2^UNIT_WEIGHT_BITS per unit, rounded down."""
     f = F()
     from pyspark.sql import Window
 
@@ -310,7 +344,7 @@ def _value_histogram(rows: DataFrame, units: list[str], column: str) -> np.ndarr
     present = rows.where(value.isNotNull() & ~f.isnan(value) & (f.abs(value) < float("inf")))
     per_cell = present.groupBy(*_cols(units), _value_cell(value).alias(VALUE_CELL)).agg(f.count(f.lit(1)).alias(COUNT))
     unit_rows = f.sum(COUNT).over(Window.partitionBy(*_cols(units)))
-    weights = per_cell.select(VALUE_CELL, _floor_div(f.col(COUNT) * (1 << bound_choice.VALUE_WEIGHT_BITS), unit_rows
+    weights = per_cell.select(VALUE_CELL, _floor_div(f.col(COUNT) * (1 << bound_choice.UNIT_WEIGHT_BITS), unit_rows
                                                      ).alias(COUNT))
     found = _collect(weights.groupBy(VALUE_CELL).agg(f.sum(COUNT).alias(COUNT)), {VALUE_CELL: pl.Int64, COUNT: pl.Int64})
     histogram = np.zeros(bound_choice.VALUE_CELLS, dtype=np.int64)

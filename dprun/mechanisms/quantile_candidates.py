@@ -67,8 +67,8 @@ MAX_EPSILON_EACH = 2.0**10
 
 # (partition, level) pairs × candidates handled at once; bounds the walk's memory (~20 bytes each).
 _CHUNK_CELLS = 1 << 22
-_GAMMA_BITS = EPSILON_BITS + 1 + SCORE_STEPS.bit_length() - 1
-_WHOLE_CAP = 1 << 62  # γ beyond this is never accepted in practice; capped to fit int64
+GAMMA_BITS = EPSILON_BITS + 1 + SCORE_STEPS.bit_length() - 1
+WHOLE_CAP = 1 << 62  # γ beyond this is never accepted in practice; capped to fit int64
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _gammas(
 ) -> tuple[np.ndarray, np.ndarray]:
     """γ of every (partition, level, candidate) for partitions start..stop−1, as whole and fractional parts.
 
-    Rows are (partition, level) in that order; γ = whole + fraction·2**-_GAMMA_BITS.
+    Rows are (partition, level) in that order; γ = whole + fraction·2**-GAMMA_BITS.
     """
     count = stop - start
     cells = pl.DataFrame({
@@ -299,8 +299,8 @@ def _gammas(
         gap = score - score.min().over("partition")
         scaled = gap * pl.lit(steps_of[q], pl.Int128)
         parts = ranks.select(
-            whole=pl.min_horizontal(scaled // pl.lit(1 << _GAMMA_BITS, pl.Int128), pl.lit(_WHOLE_CAP, pl.Int128)),
-            fraction=scaled % pl.lit(1 << _GAMMA_BITS, pl.Int128),
+            whole=pl.min_horizontal(scaled // pl.lit(1 << GAMMA_BITS, pl.Int128), pl.lit(WHOLE_CAP, pl.Int128)),
+            fraction=scaled % pl.lit(1 << GAMMA_BITS, pl.Int128),
         )
         wholes.append(parts["whole"].cast(pl.Int64).to_numpy().reshape(count, grid.count))
         fractions.append(parts["fraction"].cast(pl.Int64).to_numpy().reshape(count, grid.count))
@@ -312,7 +312,7 @@ def _gammas(
 
 def permute_and_flip(whole: np.ndarray, fraction: np.ndarray, source: RandomSource) -> np.ndarray:
     """For each row, the index permute-and-flip picks: candidates in a uniformly random order, each
-    accepted with probability exp(−γ), γ = whole + fraction·2**-_GAMMA_BITS; the first accepted wins.
+    accepted with probability exp(−γ), γ = whole + fraction·2**-GAMMA_BITS; the first accepted wins.
 
     Every row needs a candidate with γ = 0 (the best one), which ends its walk for sure.
     """
@@ -333,7 +333,7 @@ def permute_and_flip(whole: np.ndarray, fraction: np.ndarray, source: RandomSour
             order[pending, pick] = here
         candidate = order[pending, step]
         accepted = bernoulli_exp_minus(source, whole[pending, candidate], fraction[pending, candidate],
-                                       1 << _GAMMA_BITS)
+                                       1 << GAMMA_BITS)
         chosen[pending[accepted]] = candidate[accepted]
         pending = pending[~accepted]
     return chosen

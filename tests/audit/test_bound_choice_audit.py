@@ -1,18 +1,19 @@
 """The `auto` bounds' mechanism (`dprun.mechanisms.bound_choice`), audited on neighbouring datasets.
 
 D is a background of ordinary units; D' adds one unit with 10^4 rows over 500 partitions,
-private and public, with extreme values. The engine's exact histograms (`contribution_profile`,
-the same hash key for both) may differ in one contribution cell by one, in two partition-size
-cells by one each, and in the value histogram of the `bounds: auto` column by one unit's weight:
-the L1 sensitivity of 3 + 1 the noise is calibrated to. Then `noisy_profile` is run many times on
-both exact histograms and ε is estimated from the outputs (`dp_audit.epsilon_lower_bound`): it
-must not exceed the planned ε, and the broken variant that draws noise for a sensitivity of 1
-(as if only one cell moved) is caught above it.
+private and public, with extreme values. The engine's exact figures (`contribution_profile`, the
+same hash key for both) may differ in one cell of each unit histogram by one, in two partition-size
+cells by one each (the L1 sensitivity of 5 the shape noise is calibrated to), in the value
+histogram of the `bounds: auto` column by one unit's weight, and in every candidate's kept shares
+by at most one unit's weight (the scores' sensitivity). Then `noisy_shape` and the choice are run
+many times on both and ε is estimated from the outputs: it must not exceed the planned ε, and a
+broken variant with too little noise is caught above it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import dp_audit
@@ -21,16 +22,17 @@ import polars as pl
 import pytest
 
 from dprun.engines import polars_engine
-from dprun.mechanisms import bound_choice
-from dprun.mechanisms.bound_choice import ContributionProfile, noisy_profile
+from dprun.mechanisms import bound_choice, score_choice
+from dprun.mechanisms.bound_choice import ContributionProfile, NoisyShape, noisy_shape
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
 
 HEAVY = "SECRET-HEAVY-UNIT"
-EPSILON = 1.0
-SHARE = 0.5  # the auto step gets ε = 0.5
+EPSILON = 8.0  # large enough for the audits to see a broken variant in a few thousand draws
+SHARE = 0.5  # the auto step gets ε = 4
 DRAWS = 6000
+ONE = 1 << bound_choice.UNIT_WEIGHT_BITS
 
 
 def background(rng: np.random.Generator) -> pl.DataFrame:
@@ -81,70 +83,108 @@ def profiles(tmp_path: Path, partitions: dict[str, object] | None, seed: int
 
 
 @pytest.mark.parametrize("partitions", [None, {"public": ["k1", "h1", "h2"]}], ids=["private", "public"])
-def test_one_unit_moves_one_cell_and_the_partition_count_by_at_most_one(tmp_path: Path, partitions: object) -> None:
+def test_one_unit_moves_each_histogram_by_at_most_its_share_of_the_sensitivity(tmp_path: Path, partitions: object
+                                                                                ) -> None:
     seed = dp_audit.fresh_seed()
     plan, before, after = profiles(tmp_path, partitions, seed)  # type: ignore[arg-type]
     assert plan.bound_choice is not None and plan.bound_choice.epsilon == pytest.approx(EPSILON * SHARE)
     diff = after.cells - before.cells
     assert diff.sum() == 1 and np.abs(diff).sum() == 1, f"seed={seed}: {np.argwhere(diff)}"
+    unit_rows = after.unit_rows - before.unit_rows
+    assert unit_rows.sum() == 1 and np.abs(unit_rows).sum() == 1, f"seed={seed}"
     sizes = after.sizes - before.sizes
     # The heavy unit picked a partition of its own: one more partition picked by one unit.
     assert sizes.tolist() == [1] + [0] * (len(sizes) - 1), f"seed={seed}: {sizes}"
     # Its value weight, one count's worth, split evenly between the cells of 3 and of 10^6.
     values = (after.values - before.values)[0]
     assert np.flatnonzero(values).tolist() == bound_choice.value_cells(np.array([3.0, 1e6])).tolist()
-    assert values.sum() == 2**bound_choice.VALUE_WEIGHT_BITS, f"seed={seed}: {values[values != 0]}"
+    assert values.sum() == ONE, f"seed={seed}: {values[values != 0]}"
+    # Every candidate's kept shares move by at most one unit's weight: the choice's sensitivity.
+    for moved in (after.kept_rows - before.kept_rows, after.kept_pairs - before.kept_pairs):
+        assert (0 <= moved).all() and (moved <= ONE).all(), f"seed={seed}: {moved}"
     [(l0_bin, rows_bin)] = np.argwhere(diff).tolist()
     if partitions is None:
         # 500 partitions of 20 rows each: above the largest L0 candidate, in the rows bin (16, 32].
         assert (l0_bin, rows_bin) == (len(plan.bound_choice.l0_candidates), 5)
+        assert after.kept_pairs[-1] - before.kept_pairs[-1] == (128 * ONE) // 500
     else:
         assert (l0_bin, rows_bin) == (1, 5)  # only its rows in the two listed keys h1, h2 count
 
 
-def flat(profile: ContributionProfile) -> np.ndarray:
-    return np.concatenate([profile.cells.ravel(), profile.sizes, profile.values.ravel()])
+def shape(noisy: NoisyShape) -> np.ndarray:
+    return np.concatenate([noisy.partitions, noisy.rows, noisy.unit_rows,
+                           np.zeros(0, np.int64) if noisy.sizes is None else noisy.sizes])
 
 
-def coordinates(before: ContributionProfile, after: ContributionProfile, t: float) -> list[dp_audit.Coordinate]:
-    """The released numbers that differ between D and D', with the planned discrete Laplace noise:
-    scale t for counts, t · 2^16 for the value cells' weights (2^16 per unit)."""
-    counts = before.cells.size + before.sizes.size
-    scales = np.where(np.arange(flat(before).size) < counts, t, t * 2**bound_choice.VALUE_WEIGHT_BITS)
-    return [dp_audit.Coordinate(NoisePlan("laplace", 0, 1, 1, scale, 1 / scale, 0.0), 0, int(a), int(b))
-            for a, b, scale in zip(flat(before), flat(after), scales, strict=True) if a != b]
+def exact_shape(profile: ContributionProfile) -> np.ndarray:
+    return np.concatenate([profile.cells.sum(axis=1), profile.cells.sum(axis=0), profile.unit_rows, profile.sizes])
 
 
 def released(profile: ContributionProfile, plan: QueryPlan, indexes: list[int], source: RandomSource) -> np.ndarray:
-    """DRAWS runs of the real `noisy_profile`, the coordinates at `indexes` of each."""
+    """DRAWS runs of the real `noisy_shape`, the coordinates at `indexes` of each."""
     assert plan.bound_choice is not None
     out = np.empty((len(indexes), DRAWS))
     for draw in range(DRAWS):
-        out[:, draw] = flat(noisy_profile(profile, plan.bound_choice, source))[indexes]
+        out[:, draw] = shape(noisy_shape(profile, plan.bound_choice, source))[indexes]
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("broken", [False, True], ids=["as_planned", "no_value_share"])
-def test_the_noisy_histogram_stays_within_its_epsilon(tmp_path: Path, broken: bool,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The heavy unit moves 3 of the 4 counts of sensitivity (its cell, one size cell, its value weight);
-    the broken variant calibrates as if the value histogram were free and a unit moved one cell only."""
+@pytest.mark.parametrize("broken", [False, True], ids=["as_planned", "one_cell"])
+def test_the_shape_histograms_stay_within_their_epsilon(tmp_path: Path, broken: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heavy unit moves 4 of the 5 counts of sensitivity (a cell of each unit histogram, and one size
+    cell: its partition is new); the broken variant calibrates as if a unit moved one cell only."""
     seed = dp_audit.fresh_seed()
     plan, before, after = profiles(tmp_path, None, seed)
     assert plan.bound_choice is not None
     claimed_t = plan.bound_choice.scale
-    indexes = np.flatnonzero(flat(before) != flat(after)).tolist()
-    coords = coordinates(before, after, claimed_t)
-    assert len(coords) == 4, f"seed={seed}: the heavy unit's cell, one partition size, two value cells"
+    indexes = np.flatnonzero(exact_shape(before) != exact_shape(after)).tolist()
+    coords = [dp_audit.Coordinate(NoisePlan("laplace", 0, 1, 1, claimed_t, 1 / claimed_t, 0.0), 0, int(a), int(b))
+              for a, b in zip(exact_shape(before)[indexes], exact_shape(after)[indexes], strict=True)]
+    assert len(coords) == 4, f"seed={seed}: a cell of each unit histogram and one partition size"
     if broken:
-        monkeypatch.setattr(bound_choice, "L1_SENSITIVITY", 0)
+        monkeypatch.setattr(bound_choice, "HISTOGRAM_SENSITIVITY", 1)
+        monkeypatch.setattr(bound_choice, "SIZE_SENSITIVITY", 0)
     source = RandomSource.from_seed(seed)
     on_d, on_d_prime = released(before, plan, indexes, source), released(after, plan, indexes, source)
     estimate = dp_audit.epsilon_lower_bound(dp_audit.privacy_loss(coords, on_d), dp_audit.privacy_loss(coords, on_d_prime),
                                             dp_audit.threshold_sets(coords), 0.0)
-    claimed = plan.bound_choice.epsilon
+    claimed = plan.bound_choice.histogram_epsilon
     if broken:
         assert estimate.epsilon > claimed, f"seed={seed}: the broken variant was not caught: {estimate}"
     else:
         assert estimate.epsilon <= claimed, f"seed={seed}: {estimate} above the planned ε = {claimed}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", [False, True], ids=["as_planned", "one_row_sensitivity"])
+def test_the_choice_of_bounds_stays_within_its_epsilon(tmp_path: Path, broken: bool) -> None:
+    """Permute-and-flip over the 72 candidates, scored on D and on D' (the heavy unit's kept shares
+    added): the frequency of each choice on D and D' differs by at most e^ε_c (Clopper–Pearson at
+    ALPHA). The broken variant calibrates as if one unit moved a score by one weight step, not one unit."""
+    seed = dp_audit.fresh_seed()
+    plan, before, after = profiles(tmp_path, None, seed)
+    choice = plan.bound_choice
+    assert choice is not None and choice.scores_data
+    epsilon = choice.contribution_epsilon
+    sensitivity = 1 if broken else ONE
+    # The scores' public part (the noise at the typical partition) is the same on both; this one ties
+    # every candidate on D, so that the heavy unit's kept shares decide on D'.
+    penalty = before.kept_rows[0].reshape(-1) - before.kept_rows[0].reshape(-1)[0]
+    scores = {name: [int(v) for v in profile.kept_rows[0].reshape(-1) - penalty]
+              for name, profile in (("d", before), ("d'", after))}
+    source = RandomSource.from_seed(seed)
+    draws = 4000
+    counts = {name: np.bincount([score_choice.choose_one(values, sensitivity, epsilon, source) for _ in range(draws)],
+                                minlength=len(values)) for name, values in scores.items()}
+    worst = 0.0
+    for a, b in (("d", "d'"), ("d'", "d")):
+        for k, (ka, kb) in enumerate(zip(counts[a], counts[b], strict=True)):
+            low, high = dp_audit.cp_lower(int(ka), draws, dp_audit.ALPHA), dp_audit.cp_upper(int(kb), draws, dp_audit.ALPHA)
+            if low > 0:
+                worst = max(worst, math.log(low / high))
+    if broken:
+        assert worst > epsilon, f"seed={seed}: the broken variant was not caught: {worst:.3f}"
+    else:
+        assert worst <= epsilon, f"seed={seed}: ε lower bound {worst:.3f} above the planned {epsilon:.3f}"

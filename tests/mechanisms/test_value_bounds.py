@@ -1,9 +1,10 @@
 """Tests for `bounds: auto` in dprun.mechanisms.bound_choice: the value cells, the per-unit weights,
-their noise and the choice of value bounds."""
+and the choice of value bounds by two DP quantiles."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import dprun_testing
 import numpy as np
@@ -12,24 +13,22 @@ from scipy import stats
 
 from dprun.mechanisms import bound_choice
 from dprun.mechanisms.bound_choice import (
-    SIZE_CANDIDATES,
     VALUE_CELLS,
     VALUE_LOWER,
     VALUE_UPPER,
-    VALUE_WEIGHT_BITS,
+    UNIT_WEIGHT_BITS,
     ZERO_CELL,
     BoundChoicePlan,
     ContributionProfile,
     ValueChoice,
     choose_value_bounds,
-    empty_cell_floor,
-    noisy_profile,
     unit_value_weights,
     value_cells,
 )
 from dprun.mechanisms.sampling import RandomSource
+from dprun.mechanisms.score_choice import shortfall
 
-ONE = 2**VALUE_WEIGHT_BITS  # one unit's whole weight
+ONE = 2**UNIT_WEIGHT_BITS  # one unit's whole weight
 
 
 def reference_cell(value: float) -> int:
@@ -73,11 +72,16 @@ def test_each_unit_weighs_one_count_however_many_rows_it_has() -> None:
     for u in np.unique(units):
         mine = cells[units == u]
         for c in np.unique(mine):
-            expected[c] += (int((mine == c).sum()) << VALUE_WEIGHT_BITS) // mine.size
+            expected[c] += (int((mine == c).sum()) << UNIT_WEIGHT_BITS) // mine.size
     assert unit_value_weights(units, cells).tolist() == expected.tolist()
     # One unit more moves the histogram by at most one count (the sensitivity the noise is calibrated to).
     more = unit_value_weights(np.append(units, [999] * 7), np.append(cells, [1, 2, 3, 4, 5, 6, 7]))
     assert 0 < (more - expected).sum() <= ONE
+
+
+def cell(k: int, sign: int = 1) -> int:
+    """The cell of the magnitudes (2^(k-1), 2^k] of that sign."""
+    return ZERO_CELL + sign * (k - bound_choice.VALUE_MIN_EXPONENT + 1)
 
 
 def plan(*choices: tuple[str, str, str | None], epsilon: float = 1.0) -> BoundChoicePlan:
@@ -86,7 +90,8 @@ def plan(*choices: tuple[str, str, str | None], epsilon: float = 1.0) -> BoundCh
 
 
 def with_values(p: BoundChoicePlan, *histograms: np.ndarray) -> ContributionProfile:
-    return ContributionProfile(np.zeros(p.shape, dtype=np.int64), np.zeros(len(SIZE_CANDIDATES) + 1, dtype=np.int64),
+    empty = np.zeros(1, dtype=np.int64)
+    return ContributionProfile(np.zeros(p.shape, dtype=np.int64), empty, empty, empty, empty,
                                np.array(histograms, dtype=np.int64).reshape(len(histograms), VALUE_CELLS))
 
 
@@ -98,79 +103,87 @@ def units_at(**cells: int) -> np.ndarray:
     return histogram
 
 
-def linear_noise(factor: float) -> bound_choice.ValueNoise:
-    """A sum's noise growing like its sensitivity, max(|lower|, |upper|) · factor."""
-    return lambda metric, lower, upper: factor * np.maximum(np.abs(lower), np.abs(upper))
+def lognormal_units(units: int, seed: int) -> np.ndarray:
+    """`units` units of 5 rows each, values log-normal around 50 (one in 20 units negative)."""
+    rng = np.random.default_rng(seed)
+    values = rng.lognormal(np.log(50), 1.0, units * 5) * np.where(rng.random(units * 5) < 0.05, -1, 1)
+    return unit_value_weights(np.repeat(np.arange(units), 5), value_cells(values))
 
 
-def cell(k: int, sign: int = 1) -> int:
-    """The cell of the magnitudes (2^(k-1), 2^k] of that sign."""
-    return ZERO_CELL + sign * (k - bound_choice.VALUE_MIN_EXPONENT + 1)
+def quantile_cell(histogram: np.ndarray, level: float) -> int:
+    """The cell whose span of cumulative weight holds `level` of the whole (what the quantiles aim at)."""
+    return int(np.searchsorted(np.cumsum(histogram), level * histogram.sum()))
 
 
-POSITIVE_16_32 = cell(5)
-POSITIVE_256_512 = cell(9)
-
-
-def test_the_sum_bound_weighs_clipped_magnitude_against_noise() -> None:
-    """9,000 units at about 24 and 1,000 at about 384: the upper bound 512 keeps all, 32 clips
-    1,000 · (384 − 32) of 9,000 · 24 + 1,000 · 384 of magnitude, at a sixteenth of the noise."""
-    p = plan(("s", "v", "sum"))
-    histogram = units_at(**{f"c{POSITIVE_16_32}": 9000, f"c{POSITIVE_256_512}": 1000})
-    mass = 9000 * 24 + 1000 * 384
-    typical_rows = 1000.0
-    typical_value = typical_rows * mass / 10_000
-    for factor in (0.1, 100.0):
-        [chosen] = choose_value_bounds(with_values(p, histogram), p, typical_rows, linear_noise(factor))
-        errors = {upper: (9000 * max(24 - upper, 0) + 1000 * max(384 - upper, 0)) / mass + factor * upper / typical_value
-                  for upper in (2.0**k for k in range(-20, 41))}
-        best = min(errors, key=lambda upper: (errors[upper], upper))
-        assert (chosen.lower, chosen.upper) == (0.0, best)
-        assert chosen.clipped_share == pytest.approx(errors[best] - factor * best / typical_value)
-    assert best == 32.0  # much noise: the tail is clipped
-    [little] = choose_value_bounds(with_values(p, histogram), p, typical_rows, linear_noise(0.1))
-    assert (little.lower, little.upper, little.clipped_share) == (0.0, 512.0, 0.0)
-
-
-def test_signed_values_get_a_negative_lower_bound_and_means_may_start_above_zero() -> None:
-    p = plan(("s", "v", "sum"), ("m", "v", "centered_sum"))
-    negative_4_8 = cell(3, -1)
-    histogram = units_at(**{f"c{POSITIVE_16_32}": 5000, f"c{negative_4_8}": 5000})
-    total, mean = choose_value_bounds(with_values(p, histogram), p, 1e6, linear_noise(1e-3))
-    assert (total.lower, total.upper) == (-8.0, 32.0)
-    # A mean's noise grows with the width (its centred sum): values all in (16, 32] need no zero.
-    only_positive = units_at(**{f"c{POSITIVE_16_32}": 5000})
-    _, mean = choose_value_bounds(with_values(p, only_positive), p, 1e6,
-                                  lambda metric, lower, upper: 1e-3 * (upper - lower) / 2)
-    assert (mean.lower, mean.upper) == (16.0, 32.0)
-
-
-def test_quantile_bounds_cover_the_cells_that_stand_out_of_the_noise() -> None:
-    p = plan(("q", "v", None), epsilon=0.5)
-    floor = empty_cell_floor(p)
-    histogram = units_at(**{f"c{POSITIVE_16_32}": 3000, f"c{POSITIVE_256_512}": 3000, f"c{cell(-18, -1)}": 3000})
-    histogram[cell(30)] = int((floor - 1) * ONE)  # below the floor: taken as noise
-    [chosen] = choose_value_bounds(with_values(p, histogram), p, 100.0, linear_noise(1.0))
-    assert (chosen.lower, chosen.upper) == (-2.0**-18, 512.0)
-    [empty] = choose_value_bounds(with_values(p, np.zeros(VALUE_CELLS, dtype=np.int64)), p, 100.0, linear_noise(1.0))
-    assert (empty.lower, empty.upper) == (0.0, 1.0)
-
-
-def test_value_cells_get_discrete_laplace_noise_for_one_more_unit_of_sensitivity_each() -> None:
-    """Two value columns: every cell's scale is (3 + 2)/ε counts, so 2^16 times that in weights."""
+def test_with_many_units_the_bounds_are_the_extreme_quantiles_they_resolve() -> None:
+    """20,000 units at ε = 1 per auto step (0.25 per quantile): the levels are 2 · shortfall / Û, and
+    each bound lands within one cell of the edge at its level (the rank error is a few units of 20,000).
+    A sum's bounds hold 0; a mean's and a quantile's do not need to."""
     seed = dprun_testing.fresh_seed()
-    p = plan(("a", "x", "sum"), ("b", "y", None), ("c", "x", "centered_sum"), epsilon=0.8)
-    assert p.value_columns == ("x", "y") and p.scale == pytest.approx(5 / 0.8)
-    exact = with_values(p, units_at(c70=10), units_at(c80=20))
+    histogram = lognormal_units(20_000, seed % 2**32)
+    p = plan(("s", "v", "sum"), ("m", "v", "centered_sum"), ("q", "v", None))
     source = RandomSource.from_seed(seed)
-    draws = [noisy_profile(exact, p, source) for _ in range(400)]
-    value_noise = np.concatenate([(d.values - exact.values).ravel() for d in draws]) / (p.scale * ONE)
-    cell_noise = np.concatenate([(d.cells - exact.cells).ravel() for d in draws]) / p.scale
-    # The weights' noise is discrete Laplace on a grid 2^-16 · 6.25 apart: Laplace(1) to within far less
-    # than the KS test sees. KS p < 1e-7 fails (samples of 100,000 and 36,000).
-    assert stats.kstest(value_noise, stats.laplace.cdf).pvalue > 1e-7, f"seed {seed}"
-    t = p.scale
-    q = math.exp(-1 / t)
-    variance = 2 * q / (1 - q) ** 2
-    # The contribution cells' noise has the variance of discrete Laplace(t): 36,000 draws, 8σ of the estimate.
-    assert abs(float(np.var(cell_noise * t)) / variance - 1) < 8 * math.sqrt(5 / cell_noise.size), f"seed {seed}"
+    chosen = {c.metric: c for c in choose_value_bounds(with_values(p, histogram), p, 20_000.0, source)}
+    tail = 2 * shortfall(p.quantile_epsilon, VALUE_CELLS) / 20_000
+    assert chosen["m"].tail == pytest.approx(max(tail, bound_choice.VALUE_TAIL)) and chosen["m"].seen_enough
+    low, high = quantile_cell(histogram, chosen["m"].tail), quantile_cell(histogram, 1 - chosen["m"].tail)
+    for value in chosen.values():
+        assert value.column_range[0] in VALUE_LOWER[low - 1:low + 2], f"seed {seed}: {value}"
+        assert value.column_range[1] in VALUE_UPPER[high - 1:high + 2], f"seed {seed}: {value}"
+    assert (chosen["m"].lower, chosen["m"].upper) == chosen["m"].column_range == chosen["q"].column_range
+    assert chosen["s"].lower == min(chosen["m"].lower, 0.0) and chosen["s"].upper == max(chosen["m"].upper, 0.0)
+    assert chosen["m"].lower < 0 < chosen["m"].upper  # one in 20 values is negative: beyond the tail level
+
+
+def test_with_few_units_the_bounds_say_they_saw_too_little() -> None:
+    """300 units at ε = 0.1: the quantiles' rank error is beyond a quarter of the units, so the levels
+    stop at the quartiles and the choice says it saw too little, with the budget factor that would do."""
+    seed = dprun_testing.fresh_seed()
+    p = plan(("m", "v", "centered_sum"), epsilon=0.1)
+    [chosen] = choose_value_bounds(with_values(p, lognormal_units(300, seed % 2**32)), p, 300.0,
+                                   RandomSource.from_seed(seed))
+    resolution = 2 * shortfall(p.quantile_epsilon, VALUE_CELLS) / 300
+    assert chosen.tail == bound_choice.VALUE_TAIL_LIMIT and not chosen.seen_enough
+    assert chosen.budget_factor == pytest.approx(resolution / bound_choice.VALUE_TAIL_LIMIT)
+
+
+def test_a_point_mass_gets_the_edges_of_its_cell() -> None:
+    """Every value in (16, 32]: both quantiles are its cell (every other cell scores a whole tail lower)."""
+    seed = dprun_testing.fresh_seed()
+    p = plan(("s", "v", "sum"), ("m", "v", "centered_sum"), epsilon=20.0)
+    histogram = units_at(**{f"c{cell(5)}": 3000})
+    chosen = {c.metric: c for c in choose_value_bounds(with_values(p, histogram), p, 3000.0, RandomSource.from_seed(seed))}
+    assert (chosen["m"].lower, chosen["m"].upper) == (16.0, 32.0), f"seed {seed}"
+    assert (chosen["s"].lower, chosen["s"].upper) == (0.0, 32.0), f"seed {seed}"
+
+
+def test_the_quantile_score_moves_by_at_most_one_units_weight() -> None:
+    """Adding any unit (weights summing to at most one unit's) moves every cell's score by at most ONE."""
+    rng = np.random.default_rng(11)
+    base = rng.integers(0, 50, VALUE_CELLS) * ONE
+    for _ in range(200):
+        extra = np.zeros(VALUE_CELLS, dtype=np.int64)
+        cells = rng.choice(VALUE_CELLS, rng.integers(1, 6), replace=False)
+        extra[cells] = rng.multinomial(ONE, np.ones(cells.size) / cells.size)
+        for level in (0.001, 0.25, 0.5, 0.999):
+            def scores(h: np.ndarray) -> np.ndarray:
+                cumulative = np.cumsum(h)
+                target = math.floor(level * int(cumulative[-1]))
+                return -np.maximum(np.maximum(cumulative - h - target, target - cumulative), 0)
+            assert np.abs(scores(base + extra) - scores(base)).max() <= ONE
+
+
+def test_a_column_of_quantiles_alone_is_bounded_near_its_levels() -> None:
+    """A median alone: its 37.5th and 62.5th percentiles (clamping beyond moves no rank); with a mean on
+    the same column, the extreme levels the quantiles resolve."""
+    seed = dprun_testing.fresh_seed()
+    histogram = lognormal_units(20_000, seed % 2**32)
+    median = BoundChoicePlan(1.0, 4, 4, 10, row_metrics=1, unit_metrics=0,
+                             values=(ValueChoice("med", "v", None, (0.5,)),))
+    [chosen] = choose_value_bounds(with_values(median, histogram), median, 20_000.0, RandomSource.from_seed(seed))
+    assert chosen.levels == (0.375, 0.625)
+    low, high = quantile_cell(histogram, 0.375), quantile_cell(histogram, 0.625)
+    assert chosen.lower in VALUE_LOWER[low - 1:low + 2] and chosen.upper in VALUE_UPPER[high - 1:high + 2], f"seed {seed}"
+    both = replace(median, values=(*median.values, ValueChoice("m", "v", "centered_sum")))
+    chosen_both = choose_value_bounds(with_values(both, histogram), both, 20_000.0, RandomSource.from_seed(seed))
+    assert {c.levels for c in chosen_both} == {(chosen_both[0].tail, 1 - chosen_both[0].tail)}
