@@ -7,9 +7,9 @@ The steps are [DPP21]'s computation graph in Plume's order ([Plume22]):
    unit is null; public partitions: drop rows of unlisted keys first, so no unit spends its
    L0 on them;
 2. per (unit, partition): partial integer sums, each bounded to `max_rows` rows' worth;
-3. cross-partition bounding: each unit keeps at most L0 partitions, chosen by a keyed
-   hash of (unit, partition) with a fresh secret key per run — uniformly at random and
-   independently of every other unit's data;
+3. cross-partition bounding: each unit keeps at most L0 partitions, those with the most
+   of its rows, ties by a keyed hash of (unit, partition) with a fresh secret key per run —
+   from its own rows only, independently of every other unit's data;
 4. partition selection (private partitions), then, with a separate selection, Plume's
    second bounding: step 3 again on the partials of the selected partitions only;
 5. per-partition sums, then the engine-neutral release (`dprun.engines.release_steps`):

@@ -290,7 +290,8 @@ class SortedBounding:
         heavy = _run_members(user_starts, per_unit, is_heavy)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         totals.light.add(key_code[heavy], heavy_partials, sign=-1)
-        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], heavy_partials, unit_values)
+        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], rows_per_pair[heavy], heavy_partials,
+                                    unit_values)
         self._add_kept(totals.first_heavy, ranked, None)
         if leaves:
             heavy_pairs = np.zeros(unit_code.size, dtype=bool)
@@ -325,18 +326,18 @@ class SortedBounding:
         result[over] = scaled.cast(pl.Int64).to_numpy()
         return result
 
-    def _ranked_heavy(self, unit_code: np.ndarray, key_code: np.ndarray, partials: dict[str, np.ndarray],
-                      unit_values: Callable[[np.ndarray], pl.DataFrame]) -> pl.DataFrame:
-        """A heavy unit's pairs in the order of the keyed hash of (unit, partition) values that chooses them."""
+    def _ranked_heavy(self, unit_code: np.ndarray, key_code: np.ndarray, rows: np.ndarray,
+                      partials: dict[str, np.ndarray], unit_values: Callable[[np.ndarray], pl.DataFrame]
+                      ) -> pl.DataFrame:
+        """A heavy unit's pairs in the order that chooses them: most rows first (the partitions that hold
+        most of the unit's own rows), ties by the keyed hash of (unit, partition) values."""
         frame = pl.concat([unit_values(unit_code), self.codes.keys.values(key_code)], how="horizontal")
         hashes = frame.select(pl.struct(frame.columns).hash(self.seed))[:, 0].to_numpy()
-        # One UInt64 sort key: the unit's index among these units on top, the hash's top bits
-        # below (a two-column sort costs several times more). Equal keys keep their order in the
-        # shard; whatever the order, each unit keeps at most L0 pairs.
+        # Heavy units' pairs are a small share of a shard's: a three-key sort is cheap here. Whatever
+        # the order, each unit keeps at most L0 pairs.
         starts, lengths = _runs(unit_code)
-        index = np.repeat(np.arange(starts.size, dtype=np.uint64), lengths)
-        bits = max(1, starts.size.bit_length())
-        order = np.argsort((index << np.uint64(64 - bits)) | (hashes >> np.uint64(bits)), kind="stable")
+        index = np.repeat(np.arange(starts.size), lengths)
+        order = np.lexsort((hashes, -np.asarray(rows, dtype=np.int64), index))
         return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
                              **{qid: values[order] for qid, values in partials.items()}})
 

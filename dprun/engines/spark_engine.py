@@ -10,9 +10,9 @@ The steps, their column semantics and their integer arithmetic are those of
 2. per (unit, partition): partial integer sums in fixed-point units (clip, centre, square,
    scale by 2**-unit_exponent, round half to even, clip, cast), scaled by min(n, m) / n with
    exact floor division on decimal(38, 0);
-3. cross-partition bounding: each unit keeps the L0 partitions with the smallest keyed hash
-   of (unit, partition) (`xxhash64` with the run's secret 64-bit key as its first input),
-   ties broken by the partition keys, via a window `row_number()` per unit;
+3. cross-partition bounding: each unit keeps the L0 partitions with the most rows, ties by
+   the smallest keyed hash of (unit, partition) (`xxhash64` with the run's secret 64-bit key
+   as its first input), then the partition keys, via a window `row_number()` per unit;
 4. private partitions: the per-partition unit counts are collected to the driver, sorted by
    keys and passed to `dprun.mechanisms.selection.select_partitions`, exactly as the Polars
    engine does; then Plume's second bounding (step 3 on the selected partitions only);
@@ -283,10 +283,17 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
     with _spark_errors():
         rows = _rows(spark, plan, info, keys, truncation_seed)
         pairs = rows.groupBy(*_cols([*units, *keys])).agg(f.count(f.lit(1)).alias(PAIR_ROWS))
+        from pyspark.sql import Window
+
+        choice = plan.bound_choice
+        by_rows = Window.partitionBy(*_cols(units)).orderBy(f.col(PAIR_ROWS).desc())
         pairs = pairs.withColumn(PICK, _keyed_hash(pick_seed, [*units, *keys])) \
-            .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys))
-        capped = [f.sum(f.least(f.col(PAIR_ROWS), f.lit(cap))).alias(CAPPED.format(j))
-                  for j, cap in enumerate(plan.bound_choice.rows_options)]
+            .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys)).withColumn(RANK, f.row_number().over(by_rows))
+        # Per candidate (L0, L∞): the rows min(r, L∞) of the unit's L0 pairs with the most rows (ties
+        # between pairs of equal rows do not change the sum).
+        capped = [f.sum(f.when(f.col(RANK) <= l0, f.least(f.col(PAIR_ROWS), f.lit(cap))).otherwise(0)
+                        ).alias(CAPPED.format(f"{i}_{j}"))
+                  for i, l0 in enumerate(choice.l0_options) for j, cap in enumerate(choice.rows_options)]
         per_unit = pairs.groupBy(*_cols(units)).agg(
             f.count(f.lit(1)).alias(PARTITIONS), f.min_by(PAIR_ROWS, PICK).alias(PAIR_ROWS),
             f.min_by(PICKED_KEY, PICK).alias(PICKED_KEY), f.sum(PAIR_ROWS).alias(UNIT_ROWS), *capped
@@ -324,7 +331,7 @@ def _kept_weights(per_unit: DataFrame, choice: bound_choice.BoundChoicePlan) -> 
         kept = f.least(n, f.lit(l0).cast("long"))
         sums.append(f.sum(_floor_div(f.shiftleft(kept, bits), n)).alias(KEPT.format(i)))
         for j in range(len(choice.rows_options)):
-            share = _floor_div(f.shiftleft(kept * f.col(CAPPED.format(j)).cast("long"), bits), n * total)
+            share = _floor_div(f.shiftleft(f.col(CAPPED.format(f"{i}_{j}")).cast("long"), bits), total)
             sums += [f.sum(_floor_div(share * f.least(total, f.lit(cap).cast("long")), f.lit(cap).cast("long"))
                            ).alias(KEPT.format(f"{c}_{i}_{j}")) for c, cap in enumerate(caps)]
     [row] = per_unit.agg(*sums).collect()
@@ -571,8 +578,8 @@ def _partials(rows: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
         # floor(total · kept / present) stays within ±kept · max_units, so L∞ = m · max_units holds.
         scaled = _floor_div(total * kept.cast(EXACT), present.cast(EXACT))
         aggregations.append(f.when(present > 0, scaled).otherwise(f.lit(0).cast(EXACT)).cast(EXACT).alias(name))
-    if not aggregations:
-        aggregations.append(f.count(f.lit(1)).alias(UNITS))
+    # The pair's rows, which rank a unit's partitions in the cross-partition bounding.
+    aggregations.append(f.count(f.lit(1)).alias(PAIR_ROWS))
     # One shuffle by unit serves both this group-by and the per-unit window of the cross-partition
     # bounding (the cached partials keep the partitioning): 4x faster on the Plume benchmark than
     # a shuffle for each. Hash partitioning is deterministic, so a retried task gets the same rows.
@@ -625,10 +632,11 @@ def _keyed_hash(seed: int, columns: list[str]) -> Column:
 
 
 def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
-    """Keep, for each unit, the L0 partitions with the smallest keyed hash of (unit, partition).
+    """Keep, for each unit, its L0 partitions with the most rows, ties by the smallest keyed hash of
+    (unit, partition), as the sorted path does.
 
     Which partitions a unit keeps depends only on its own rows and the run's secret key:
-    the order (hash, then keys) is total, so the choice is the same in every task attempt
+    the order (rows, hash, then keys) is total, so the choice is the same in every task attempt
     and for every partitioning of the data. Spark sorts each unit's rows in the window and
     spills to disk when a unit has many partitions.
     """
@@ -636,7 +644,8 @@ def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str]
 
     f = F()
     units = list(plan.privacy_unit)
-    window = Window.partitionBy(*_cols(units)).orderBy(f.col(HASH), *[_col(k).asc_nulls_first() for k in keys])
+    window = Window.partitionBy(*_cols(units)).orderBy(f.col(PAIR_ROWS).desc(), f.col(HASH),
+                                                       *[_col(k).asc_nulls_first() for k in keys])
     ranked = partials.withColumn(HASH, _keyed_hash(seed, [*units, *keys])).withColumn(RANK, f.row_number().over(window))
     return ranked.filter(f.col(RANK) <= plan.max_partitions).drop(HASH, RANK)
 

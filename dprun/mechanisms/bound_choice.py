@@ -19,8 +19,9 @@ Three mechanisms, composed (pure DP, basic composition), then post-processing:
 
 2. **The choice of (L0, L∞)** (`choose_bounds`): permute-and-flip (`score_choice`) over the
    candidate pairs, scored by what the query would keep minus its noise. Each unit keeps,
-   at (L0, L∞), the share min(L0, n)/n of its pairs (the uniform cross-partition choice) and
-   of its rows the share min(L0, n)/n · Σ_p min(r_p, L∞) / R, R = Σ_p r_p, both in [0, 1];
+   at (L0, L∞), the share min(L0, n)/n of its pairs and of its rows the share
+   Σ_{its L0 pairs with most rows} min(r_p, L∞) / R, R = Σ_p r_p (the cross-partition
+   bounding keeps a unit's partitions with the most rows), both in [0, 1];
    its rows' share is weighed by min(R, C)/C, its rows up to a cap C (KEPT_CAPS), so that a
    count's error, which weighs rows, is followed as far as the units' weight allows. Per
    candidate and cap, the engines sum these shares over the units, exactly, in integer
@@ -342,29 +343,34 @@ def runs_kept_weights(pair_rows: np.ndarray, starts: np.ndarray, lengths: np.nda
     """`kept_weights` of units whose pairs' rows are runs of `pair_rows` (from `starts`, `lengths` long)."""
     rows = np.asarray(pair_rows, dtype=np.int64)
     if starts.size == 0:
-        return kept_weights(lengths, lengths, np.zeros((0, len(plan.rows_options)), np.int64), plan)
-    capped = np.stack([np.add.reduceat(np.minimum(rows, cap), starts) for cap in plan.rows_options], axis=1)
-    return kept_weights(lengths, np.add.reduceat(rows, starts), capped, plan)
+        return kept_weights(lengths, lengths, np.zeros((0, len(plan.l0_options), len(plan.rows_options)), np.int64),
+                            plan)
+    # Each unit's pairs, most rows first: the cross-partition bounding keeps its first L0.
+    order = np.lexsort((-rows, np.repeat(np.arange(starts.size), lengths)))
+    ranked = rows[order]
+    rank = np.arange(rows.size) - np.repeat(starts, lengths)
+    kept = np.stack([np.stack([np.add.reduceat(np.where(rank < l0, np.minimum(ranked, cap), 0), starts)
+                               for cap in plan.rows_options], axis=1) for l0 in plan.l0_options], axis=1)
+    return kept_weights(lengths, np.add.reduceat(rows, starts), kept, plan)
 
 
-def kept_weights(partitions: np.ndarray, rows: np.ndarray, capped: np.ndarray, plan: BoundChoicePlan
+def kept_weights(partitions: np.ndarray, rows: np.ndarray, kept_rows_capped: np.ndarray, plan: BoundChoicePlan
                  ) -> tuple[np.ndarray, np.ndarray]:
     """The kept shares summed over units, exactly (`ContributionProfile.kept_rows`, `kept_pairs`).
 
-    Per unit: `partitions` n, `rows` R = Σ_p r_p and `capped[:, j]` = Σ_p min(r_p, L∞_j). At L0 it
-    keeps k = min(n, L0) pairs of n on average, so s = ⌊2^W·k/n⌋ of its pairs' weight and
-    s_j = ⌊2^W·k·capped_j/(n·R)⌋ of its rows' weight, W = UNIT_WEIGHT_BITS; weighed by its rows up to
-    each cap C of KEPT_CAPS, ⌊s_j·min(R, C)/C⌋. Each at most 2^W (the sensitivity). Integers
-    throughout, so every engine computes the same sums."""
+    Per unit: `partitions` n, `rows` R = Σ_p r_p and `kept_rows_capped[:, i, j]`, the rows
+    min(r_p, L∞_j) of the L0_i pairs with the most rows (the ones the cross-partition bounding
+    keeps). It keeps ⌊2^W·min(n, L0)/n⌋ of its pairs' weight and s = ⌊2^W·kept/R⌋ of its rows',
+    W = UNIT_WEIGHT_BITS; weighed by its rows up to each cap C of KEPT_CAPS, ⌊s·min(R, C)/C⌋.
+    Each at most 2^W (the sensitivity). Integers throughout, so every engine computes the same sums."""
     n = np.asarray(partitions, dtype=np.int64)
     total = np.asarray(rows, dtype=np.int64)
-    capped = np.asarray(capped, dtype=np.int64)
+    capped = np.asarray(kept_rows_capped, dtype=np.int64)
     kept_rows = np.zeros((len(KEPT_CAPS), len(plan.l0_options), len(plan.rows_options)), dtype=np.int64)
     kept_pairs = np.zeros(len(plan.l0_options), dtype=np.int64)
     for i, l0 in enumerate(plan.l0_options):
-        kept = np.minimum(n, l0)
-        kept_pairs[i] = ((kept << UNIT_WEIGHT_BITS) // n).sum()
-        shares = ((kept[:, None] * capped) << UNIT_WEIGHT_BITS) // (n * total)[:, None]
+        kept_pairs[i] = ((np.minimum(n, l0) << UNIT_WEIGHT_BITS) // n).sum()
+        shares = (capped[:, i, :] << UNIT_WEIGHT_BITS) // total[:, None]
         for c, cap in enumerate(KEPT_CAPS):
             kept_rows[c, i] = ((shares * np.minimum(total, cap)[:, None]) // cap).sum(axis=0)
     return kept_rows, kept_pairs

@@ -3,8 +3,8 @@
 Units are integers, text or compound (text, integer); keys are integers, text, dates or two
 columns (text, boolean), with nulls. The reference walks the rows in Python: per (unit,
 partition) pair it bounds the partials to m rows' worth, and per unit it keeps the L0 pairs
-with the smallest keyed hash of the unit's and the key's values — the choice the engine makes
-with the same key. Both boundings are checked: the first, and Plume's second among a random
+with the most rows, ties by the smallest keyed hash of the unit's and the key's values — the
+choice the engine makes with the same key. Both boundings are checked: the first, and Plume's second among a random
 set of chosen partitions.
 """
 
@@ -90,7 +90,7 @@ def reference(rows: pl.DataFrame, plan: QueryPlan, seed: int, chosen: set[tuple[
     sums: Sums = defaultdict(lambda: defaultdict(int))
     for unit, by_key in pairs.items():
         eligible = [k for k in by_key if chosen is None or k in chosen]
-        for key in sorted(eligible, key=lambda k: rank[(unit, k)])[:plan.max_partitions]:
+        for key in sorted(eligible, key=lambda k: (-len(by_key[k]), rank[(unit, k)]))[:plan.max_partitions]:
             values = by_key[key]
             total = sums[key]
             total[UNITS] += 1

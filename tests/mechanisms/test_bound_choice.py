@@ -20,7 +20,6 @@ from dprun.mechanisms.bound_choice import (
     bin_index,
     choose_bounds,
     histogram,
-    kept_weights,
     noisy_shape,
     runs_kept_weights,
     size_histogram,
@@ -68,19 +67,20 @@ def brute_kept(pairs: list[list[int]], p: BoundChoicePlan) -> tuple[np.ndarray, 
     kept_pairs = np.zeros(len(p.l0_options), dtype=np.int64)
     for rows in pairs:
         n, total = len(rows), sum(rows)
+        heaviest = sorted(rows, reverse=True)
         for i, l0 in enumerate(p.l0_options):
-            k = min(n, l0)
-            kept_pairs[i] += (k * ONE) // n
+            kept_pairs[i] += (min(n, l0) * ONE) // n
             for j, linf in enumerate(p.rows_options):
-                share = (k * sum(min(r, linf) for r in rows) * ONE) // (n * total)
+                share = (sum(min(r, linf) for r in heaviest[:l0]) * ONE) // total
                 for c, cap in enumerate(KEPT_CAPS):
                     kept_rows[c, i, j] += share * min(total, cap) // cap
     return kept_rows, kept_pairs
 
 
 def test_the_kept_shares_are_the_units_shares_summed_in_exact_integers() -> None:
-    """Per unit at most one unit's weight per candidate (the choice's sensitivity), equal to its definition,
-    growing with L0 and L∞, and whole where the bounds keep everything."""
+    """Per unit at most one unit's weight per candidate (the choice's sensitivity), equal to its definition
+    (a unit keeps its L0 pairs with the most rows), growing with L0 and L∞, and whole where the bounds
+    keep everything."""
     rng = np.random.default_rng(5)
     pairs = [list(rng.integers(1, 400, rng.integers(1, 200))) for _ in range(300)] + [[1], [10**9], [3] * 500]
     p = plan()
@@ -93,12 +93,12 @@ def test_the_kept_shares_are_the_units_shares_summed_in_exact_integers() -> None
     assert (np.diff(kept_rows, axis=0) <= 0).all()  # a larger cap weighs light units less
     assert kept_rows.max() <= len(pairs) * ONE and kept_pairs.max() <= len(pairs) * ONE
     for rows in pairs:  # one unit alone: at most one unit's weight in every candidate
-        one_rows, one_pairs = kept_weights(np.array([len(rows)]), np.array([sum(rows)]),
-                                           np.array([[sum(min(r, c) for r in rows) for c in p.rows_options]]), p)
+        one_rows, one_pairs = runs_kept_weights(np.array(rows), np.array([0]), np.array([len(rows)]), p)
         assert one_rows.max() <= ONE and one_pairs.max() <= ONE
-    whole, _ = kept_weights(np.array([2]), np.array([8]), np.array([[2, 4, 8, 8, 8, 8, 8, 8, 8]]), p)
-    assert whole[0, 1, 2] == ONE and whole[0, 0, 2] == ONE // 2
-    assert whole[KEPT_CAPS.index(16), 1, 2] == ONE // 2  # 8 rows of a cap of 16: half a unit's weight
+    # Two pairs of 6 and 2 rows: L0 = 1 keeps the 6 (3/4 of the rows), L0 = 2 all 8 at L∞ = 8.
+    whole, _ = runs_kept_weights(np.array([2, 6]), np.array([0]), np.array([2]), p)
+    assert whole[0, 1, 3] == ONE and whole[0, 0, 3] == 3 * ONE // 4 and whole[0, 0, 2] == ONE // 2
+    assert whole[KEPT_CAPS.index(16), 1, 3] == ONE // 2  # 8 rows of a cap of 16: half a unit's weight
     empty = runs_kept_weights(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), p)
     assert empty[0].sum() == 0 and empty[1].sum() == 0
 
