@@ -68,7 +68,7 @@ from dprun.mechanisms.sampling import MAX_SCALE, RandomSource, discrete_laplace
 
 # Candidates for max_partitions_contributed and max_contributions_per_partition: powers of two.
 L0_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(8))  # 1 … 128
-ROWS_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(9))  # 1 … 256
+ROWS_CANDIDATES: tuple[int, ...] = tuple(2**i for i in range(11))  # 1 … 1024
 # The default fraction of a query's ε spent choosing its `auto` bounds.
 DEFAULT_SHARE = 0.1
 # Partition sizes, in units that picked a pair in them: 1 … 2^26, and above.

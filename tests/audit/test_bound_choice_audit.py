@@ -160,9 +160,9 @@ def test_the_shape_histograms_stay_within_their_epsilon(tmp_path: Path, broken: 
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", [False, True], ids=["as_planned", "one_row_sensitivity"])
 def test_the_choice_of_bounds_stays_within_its_epsilon(tmp_path: Path, broken: bool) -> None:
-    """Permute-and-flip over the 72 candidates, scored on D and on D' (the heavy unit's kept shares
-    added): the frequency of each choice on D and D' differs by at most e^ε_c (Clopper–Pearson at
-    ALPHA). The broken variant calibrates as if one unit moved a score by one weight step, not one unit."""
+    """Permute-and-flip over the 11 candidates of L∞ at L0 = 1, scored on D and on D' (the heavy unit's
+    kept shares added): the frequency of each choice on D and D' differs by at most e^ε_c
+    (Clopper–Pearson at ALPHA). The broken variant calibrates as if one unit moved a score by one weight step, not one unit."""
     seed = dp_audit.fresh_seed()
     plan, before, after = profiles(tmp_path, None, seed)
     choice = plan.bound_choice
@@ -171,9 +171,8 @@ def test_the_choice_of_bounds_stays_within_its_epsilon(tmp_path: Path, broken: b
     sensitivity = 1 if broken else ONE
     # The scores' public part (the noise at the typical partition) is the same on both; this one ties
     # every candidate on D, so that the heavy unit's kept shares decide on D'.
-    penalty = before.kept_rows[0].reshape(-1) - before.kept_rows[0].reshape(-1)[0]
-    scores = {name: [int(v) for v in profile.kept_rows[0].reshape(-1) - penalty]
-              for name, profile in (("d", before), ("d'", after))}
+    penalty = before.kept_rows[0, 0] - before.kept_rows[0, 0, 0]
+    scores = {name: [int(v) for v in profile.kept_rows[0, 0] - penalty] for name, profile in (("d", before), ("d'", after))}
     source = RandomSource.from_seed(seed)
     draws = 4000
     counts = {name: np.bincount([score_choice.choose_one(values, sensitivity, epsilon, source) for _ in range(draws)],

@@ -53,7 +53,7 @@ def test_bins_are_powers_of_two_with_one_bin_above_the_largest_candidate() -> No
 def test_the_histograms_count_each_unit_once() -> None:
     p = plan()
     cells = histogram(np.array([1, 3, 3, 200]), np.array([1, 10, 16, 1]), p)
-    assert cells.shape == (9, 10) and cells.sum() == 4
+    assert cells.shape == (9, 12) and cells.sum() == 4
     assert cells[0, 0] == 1 and cells[2, 4] == 2 and cells[8, 0] == 1
     weighted = histogram(np.array([3, 200]), np.array([10, 1]), p, np.array([5, 7]))
     assert weighted[2, 4] == 5 and weighted[8, 0] == 7 and weighted.sum() == 12
@@ -142,9 +142,9 @@ def test_with_little_noise_the_choice_keeps_every_contribution() -> None:
     assert chosen.dropped_share == 0.0 and chosen.partitions == 10 and abs(chosen.units - 3000) < 30
     # The choice sees so well that it weighs rows up to the largest cap: 30 rows (the bin (16, 32], taken at
     # its middle 24.5) of 256, about 290 units' worth.
-    cap, weight = bound_choice._row_cap(noisy, chosen.units, shortfall(p.contribution_epsilon, 72))
+    cap, weight = bound_choice._row_cap(noisy, chosen.units, shortfall(p.contribution_epsilon, 88))
     assert cap == 256 and weight == pytest.approx(3000 * 24.5 / 256, rel=0.05)
-    assert chosen.seen_enough and chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 72) / weight)
+    assert chosen.seen_enough and chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88) / weight)
 
 
 def test_with_much_noise_the_choice_takes_the_smallest_bounds() -> None:
@@ -212,7 +212,7 @@ def test_the_choice_is_at_most_its_shortfall_below_the_best_in_95_percent_of_dra
     source = RandomSource.from_seed(seed)
     noisy = noisy_shape(exact, p, source)
     shape = bound_choice._shape(noisy, p)
-    cap, weight = bound_choice._row_cap(noisy, shape.units, shortfall(p.contribution_epsilon, 9))
+    cap, weight = bound_choice._row_cap(noisy, shape.units, shortfall(p.contribution_epsilon, len(p.rows_options)))
     scores = {}
     for j, rows in enumerate(p.rows_options):
         lost = bound_choice._dropped(noisy, p, 1, rows)
@@ -221,7 +221,7 @@ def test_the_choice_is_at_most_its_shortfall_below_the_best_in_95_percent_of_dra
     below = 0
     for _ in range(400):
         chosen = choose_bounds(exact, noisy, p, noise, source)
-        below += max(scores.values()) - scores[chosen.rows] > shortfall(p.contribution_epsilon, 9)
+        below += max(scores.values()) - scores[chosen.rows] > shortfall(p.contribution_epsilon, len(p.rows_options))
     assert below <= 45, f"seed {seed}: {below} of 400 draws beyond the shortfall"
 
 
@@ -231,7 +231,7 @@ def test_few_units_say_the_choice_saw_too_little_with_the_share_that_would_do() 
     chosen = choose_bounds(exact, noisy_shape(exact, p, RandomSource.from_seed(3)), p, laplace_like(1.0),
                            RandomSource.from_seed(3))
     assert not chosen.seen_enough
-    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 72) / chosen.units)
+    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88) / chosen.units)
     assert chosen.budget_factor == pytest.approx(chosen.shortfall / bound_choice.ADVISED_SHORTFALL)
 
 
