@@ -301,7 +301,7 @@ def _value_line(metric: str, found: dict[str, Any]) -> str:
         return (f"values of {metric}: cannot tell where they lie at this ε; --epsilon {_num(found['epsilon_needed'])} "
                 "would")
     (low, lower), (high, upper) = [(k, v) for k, v in found.items() if k.startswith("p")]
-    outside = 2 * (100 - float(high[1:]))
+    outside = float(low[1:]) + 100 - float(high[1:])
     return (f"values of {metric} (each unit's rows weighed as one): between {_num(lower)} and {_num(upper)} for all "
             f"but about {outside:.2g}% ({low} and {high}, each within ±{found['band']:.2g} percentile points)")
 

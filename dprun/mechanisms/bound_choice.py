@@ -721,9 +721,9 @@ def _percentiles(noisy: np.ndarray, scale: float, edges: tuple[float, ...], tota
 
 
 def _value_range(value: ChosenValues, epsilon: float) -> dict[str, object]:
-    """A column's two DP quantiles, at the levels they could resolve, or `cannot_tell` and the ε that would."""
-    low, high = (f"p{100 * level:.3g}" for level in (value.tail, 1 - value.tail))
+    """A column's two DP quantiles, at their levels, with their rank error (95%) in percentile points; or
+    `cannot_tell` and the ε that would."""
     if not value.seen_enough:
         return {"cannot_tell": True, "epsilon_needed": epsilon * value.budget_factor}
-    return {low: value.column_range[0], high: value.column_range[1],
-            "band": 100 * value.tail / 2}
+    low, high = (f"p{100 * level:.3g}" for level in value.levels)
+    return {low: value.column_range[0], high: value.column_range[1], "band": 100 * value.resolution / 2}
