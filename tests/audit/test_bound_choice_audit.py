@@ -31,7 +31,7 @@ from dprun.plan import QueryPlan
 HEAVY = "SECRET-HEAVY-UNIT"
 EPSILON = 8.0  # large enough for the audits to see a broken variant in a few thousand draws
 SHARE = 0.5  # the auto step gets ε = 4
-DRAWS = 6000
+SHAPE_DRAWS = 3000
 ONE = 1 << bound_choice.UNIT_WEIGHT_BITS
 
 
@@ -121,10 +121,10 @@ def exact_shape(profile: ContributionProfile) -> np.ndarray:
 
 
 def released(profile: ContributionProfile, plan: QueryPlan, indexes: list[int], source: RandomSource) -> np.ndarray:
-    """DRAWS runs of the real `noisy_shape`, the coordinates at `indexes` of each."""
+    """SHAPE_DRAWS runs of the real `noisy_shape`, the coordinates at `indexes` of each."""
     assert plan.bound_choice is not None
-    out = np.empty((len(indexes), DRAWS))
-    for draw in range(DRAWS):
+    out = np.empty((len(indexes), SHAPE_DRAWS))
+    for draw in range(SHAPE_DRAWS):
         out[:, draw] = shape(noisy_shape(profile, plan.bound_choice, source))[indexes]
     return out
 
