@@ -81,7 +81,7 @@ PADDING = frozenset({"StringExpr.PadStart", "StringExpr.PadEnd"})
 MAX_PAD_LENGTH = 10_000
 # Bounds on an expression's text, checked before Polars parses it (`_too_large`).
 MAX_EXPRESSION_CHARACTERS = 100_000
-MAX_OPERATORS = 1_000
+MAX_OPERATORS = 500  # a string concatenation of about 950 `||` crashed Polars (stack overflow)
 _OPERATOR = re.compile(r"\b(?:and|or|xor|when)\b|[-+*/%<>=!|&^~]+", re.IGNORECASE)
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 
