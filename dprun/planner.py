@@ -167,6 +167,7 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
         l0=None if l0 == "auto" else l0,
         rows=None if rows == "auto" else rows,
         partitions=_known_partitions(query),
+        l0_candidates=bound_choice.useful_l0(_known_partitions(query)),
         row_metrics=sum(m.kind in ("count", "sum") for m in query.metrics),
         unit_metrics=sum(m.kind == "privacy_id_count" for m in query.metrics),
         rows_matter=any(m.kind != "privacy_id_count" for m in query.metrics),
@@ -208,7 +209,8 @@ def _with_auto(plan: QueryPlan, auto: bound_choice.BoundChoicePlan, chosen: boun
                ) -> QueryPlan:
     """A query's plan with its bound choice: its ε is the whole query's again, the choice's share included."""
     if plan.public_keys is not None:
-        auto = replace(auto, partitions=max(plan.public_keys.height, 1))
+        partitions = max(plan.public_keys.height, 1)
+        auto = replace(auto, partitions=partitions, l0_candidates=bound_choice.useful_l0(partitions))
     if plan.selection.units_for_50pct is not None:
         # A private selection drops smaller partitions whatever the bounds: their noise does not count.
         auto = replace(auto, min_units=float(plan.selection.units_for_50pct))

@@ -31,7 +31,9 @@ Three mechanisms, composed (pure DP, basic composition), then post-processing:
    weight: the metrics' relative error, in units' worth, with the sign turned. The cap C and
    S are functions of step 1's output; one unit moves the first part by at most
    (row_metrics + unit_metrics) · 2^UNIT_WEIGHT_BITS and the second not at all: that is the
-   sensitivity. No unit weighs more than one, so a few heavy units cannot hide the many, and
+   sensitivity. Adding a unit raises every score by its own shares, removing it lowers every
+   one: the scores are monotone, and permute-and-flip runs at ε_c/Δ, not ε_c/(2Δ)
+   (`score_choice`). No unit weighs more than one, so a few heavy units cannot hide the many, and
    the choice sees 10^3 units as well as 10^7. With probability 95% the choice's error is
    within shortfall(ε_c, K) / S of the best candidate's (`score_choice.shortfall`); where that
    is above SEEN_ENOUGH the choice says so.
@@ -109,12 +111,12 @@ VALUE_CELLS = 2 * ZERO_CELL + 1
 UNIT_WEIGHT_BITS = 16
 # The kept shares of rows are summed with each unit weighed by its rows up to a cap C, min(R, C)/C: C = 1
 # weighs every unit alike; larger caps come closer to weighing rows, as a count's error does, at the cost
-# of fewer units' worth of weight for the choice to see. The choice takes the largest cap that keeps at
-# least KEPT_CAP_WEIGHT of the units' weight, or enough weight that its shortfall is at most
-# KEPT_CAP_RESOLUTION of it (from the shape histograms).
+# of fewer units' worth of weight for the choice to see. The choice takes the largest cap whose weight
+# (from the shape histograms) keeps its shortfall within KEPT_CAP_RESOLUTION of it: on the few-heavy-units
+# shapes of benchmarks/bench_auto_bounds.py a cap short of the heavy units' rows misses what L∞ drops of
+# them, and one whose shortfall is a fifth of its weight or more wanders among the candidates.
 KEPT_CAPS: tuple[int, ...] = (1, 4, 16, 64, 256)
-KEPT_CAP_WEIGHT = 0.5
-KEPT_CAP_RESOLUTION = 0.02
+KEPT_CAP_RESOLUTION = 0.15
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,16 @@ class BoundChoicePlan:
     def shape(self) -> tuple[int, int]:
         """Cells of the (partitions, rows of the picked pair) histogram: one bin per candidate plus one above."""
         return len(self.l0_candidates) + 1, len(self.rows_candidates) + 1
+
+
+def useful_l0(partitions: int | None) -> tuple[int, ...]:
+    """The L0 candidates worth choosing among: where the number of partitions is known before any row is
+    read (public, or 1 without group_by), those below it and the first at or above it (a unit cannot
+    contribute to more partitions than there are: larger ones keep the same and add noise, and every
+    candidate costs the choice resolution); all of L0_CANDIDATES otherwise."""
+    if partitions is None or partitions > L0_CANDIDATES[-1]:
+        return L0_CANDIDATES
+    return tuple(c for c in L0_CANDIDATES if c < partitions) + (min(c for c in L0_CANDIDATES if c >= partitions),)
 
 
 @dataclass(frozen=True)
@@ -557,7 +569,9 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
                                      1 - _dropped(noisy, plan, l0, rows).rows))
     shortfall = 0.0
     if plan.scores_data:
-        cap, weight = _row_cap(noisy, shape.units, score_choice.shortfall(plan.contribution_epsilon, len(options)))
+        # The kept shares only grow as a unit is added: the scores are monotone (`score_choice`).
+        resolution = score_choice.shortfall(plan.contribution_epsilon, len(options), monotone=True)
+        cap, weight = _row_cap(noisy, shape.units, resolution)
         # The metrics' error in units' worth: row metrics weigh `weight`, unit metrics every unit.
         scale = (plan.row_metrics * weight + plan.unit_metrics * shape.units) / (plan.row_metrics + plan.unit_metrics)
         kept_rows = exact.kept_rows[KEPT_CAPS.index(cap)].reshape(-1)
@@ -565,9 +579,9 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
                   + plan.unit_metrics * int(exact.kept_pairs[index // len(plan.rows_options)])
                   - round(math.ldexp(scale * noise, UNIT_WEIGHT_BITS)) for index, noise in enumerate(noises)]
         sensitivity = (plan.row_metrics + plan.unit_metrics) << UNIT_WEIGHT_BITS
-        chosen = score_choice.choose_one(scores, sensitivity, plan.contribution_epsilon, source)
+        chosen = score_choice.choose_one(scores, sensitivity, plan.contribution_epsilon, source, monotone=True)
         # One sensitivity is one unit's worth of error in every metric: per metric, a share of the scale.
-        shortfall = score_choice.shortfall(plan.contribution_epsilon, len(options)) / scale
+        shortfall = resolution / scale
     else:
         chosen = int(np.argmin(noises))
     l0, rows = options[chosen]
@@ -580,12 +594,12 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
 
 def _row_cap(noisy: NoisyShape, units: float, shortfall: float) -> tuple[int, float]:
     """The largest of KEPT_CAPS whose weight, Σ_units min(R, C)/C from the visible unit rows histogram,
-    is at least KEPT_CAP_WEIGHT of the units or keeps the choice's `shortfall` (in units) within
-    KEPT_CAP_RESOLUTION of it, and that weight (at least 1)."""
+    keeps the choice's `shortfall` (in units) within KEPT_CAP_RESOLUTION of it (else 1), and that
+    weight (at least 1)."""
     counts = _visible(noisy.unit_rows, noisy.scale)
     rows = _midpoints(UNIT_ROWS_CANDIDATES)
     seen = max(float(counts.sum()), 1.0)
-    needed = min(KEPT_CAP_WEIGHT * units, shortfall / KEPT_CAP_RESOLUTION)
+    needed = shortfall / KEPT_CAP_RESOLUTION
     cap, weight = KEPT_CAPS[0], units
     for candidate in KEPT_CAPS[1:]:
         candidate_weight = float((counts * np.minimum(rows, candidate)).sum()) / candidate / seen * units

@@ -99,7 +99,8 @@ def test_one_unit_moves_each_histogram_by_at_most_its_share_of_the_sensitivity(t
     values = (after.values - before.values)[0]
     assert np.flatnonzero(values).tolist() == bound_choice.value_cells(np.array([3.0, 1e6])).tolist()
     assert values.sum() == ONE, f"seed={seed}: {values[values != 0]}"
-    # Every candidate's kept shares move by at most one unit's weight: the choice's sensitivity.
+    # Every candidate's kept shares move by at most one unit's weight, all upwards as the unit is added: the
+    # choice's sensitivity, and the monotone scores its permute-and-flip is calibrated for.
     for moved in (after.kept_rows - before.kept_rows, after.kept_pairs - before.kept_pairs):
         assert (0 <= moved).all() and (moved <= ONE).all(), f"seed={seed}: {moved}"
     [(l0_bin, rows_bin)] = np.argwhere(diff).tolist()
@@ -175,7 +176,7 @@ def test_the_choice_of_bounds_stays_within_its_epsilon(tmp_path: Path, broken: b
     scores = {name: [int(v) for v in profile.kept_rows[0, 0] - penalty] for name, profile in (("d", before), ("d'", after))}
     source = RandomSource.from_seed(seed)
     draws = 4000
-    counts = {name: np.bincount([score_choice.choose_one(values, sensitivity, epsilon, source) for _ in range(draws)],
+    counts = {name: np.bincount([score_choice.choose_one(values, sensitivity, epsilon, source, monotone=True) for _ in range(draws)],
                                 minlength=len(values)) for name, values in scores.items()}
     worst = 0.0
     for a, b in (("d", "d'"), ("d'", "d")):

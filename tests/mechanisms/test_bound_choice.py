@@ -142,9 +142,9 @@ def test_with_little_noise_the_choice_keeps_every_contribution() -> None:
     assert chosen.dropped_share == 0.0 and chosen.partitions == 10 and abs(chosen.units - 3000) < 30
     # The choice sees so well that it weighs rows up to the largest cap: 30 rows (the bin (16, 32], taken at
     # its middle 24.5) of 256, about 290 units' worth.
-    cap, weight = bound_choice._row_cap(noisy, chosen.units, shortfall(p.contribution_epsilon, 88))
+    cap, weight = bound_choice._row_cap(noisy, chosen.units, shortfall(p.contribution_epsilon, 88, monotone=True))
     assert cap == 256 and weight == pytest.approx(3000 * 24.5 / 256, rel=0.05)
-    assert chosen.seen_enough and chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88) / weight)
+    assert chosen.seen_enough and chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / weight)
 
 
 def test_with_much_noise_the_choice_takes_the_smallest_bounds() -> None:
@@ -212,7 +212,7 @@ def test_the_choice_is_at_most_its_shortfall_below_the_best_in_95_percent_of_dra
     source = RandomSource.from_seed(seed)
     noisy = noisy_shape(exact, p, source)
     shape = bound_choice._shape(noisy, p)
-    cap, weight = bound_choice._row_cap(noisy, shape.units, shortfall(p.contribution_epsilon, len(p.rows_options)))
+    cap, weight = bound_choice._row_cap(noisy, shape.units, shortfall(p.contribution_epsilon, len(p.rows_options), monotone=True))
     scores = {}
     for j, rows in enumerate(p.rows_options):
         lost = bound_choice._dropped(noisy, p, 1, rows)
@@ -221,7 +221,7 @@ def test_the_choice_is_at_most_its_shortfall_below_the_best_in_95_percent_of_dra
     below = 0
     for _ in range(400):
         chosen = choose_bounds(exact, noisy, p, noise, source)
-        below += max(scores.values()) - scores[chosen.rows] > shortfall(p.contribution_epsilon, len(p.rows_options))
+        below += max(scores.values()) - scores[chosen.rows] > shortfall(p.contribution_epsilon, len(p.rows_options), monotone=True)
     assert below <= 45, f"seed {seed}: {below} of 400 draws beyond the shortfall"
 
 
@@ -231,7 +231,7 @@ def test_few_units_say_the_choice_saw_too_little_with_the_share_that_would_do() 
     chosen = choose_bounds(exact, noisy_shape(exact, p, RandomSource.from_seed(3)), p, laplace_like(1.0),
                            RandomSource.from_seed(3))
     assert not chosen.seen_enough
-    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88) / chosen.units)
+    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / chosen.units)
     assert chosen.budget_factor == pytest.approx(chosen.shortfall / bound_choice.ADVISED_SHORTFALL)
 
 

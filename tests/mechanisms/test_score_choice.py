@@ -26,13 +26,17 @@ def permute_and_flip_law(accept: list[float]) -> np.ndarray:
     return law
 
 
-def test_the_choice_follows_permute_and_flips_law() -> None:
-    """Scores 0, −1, −3 of sensitivity 1 at ε = 1: candidate i is accepted with e^{−(0 − u_i)/2}."""
+@pytest.mark.parametrize("monotone", [False, True], ids=["any", "monotone"])
+def test_the_choice_follows_permute_and_flips_law(monotone: bool) -> None:
+    """Scores 0, −1, −3 of sensitivity 1 at ε = 1: candidate i is accepted with e^{−(0 − u_i)/2}, or
+    e^{−(0 − u_i)} for monotone scores."""
     seed = dprun_testing.fresh_seed()
     source = RandomSource.from_seed(seed)
     draws = 20_000
-    counts = np.bincount([choose_one([0, -1, -3], 1, 1.0, source) for _ in range(draws)], minlength=3)
-    expected = permute_and_flip_law([1.0, math.exp(-0.5), math.exp(-1.5)]) * draws
+    counts = np.bincount([choose_one([0, -1, -3], 1, 1.0, source, monotone=monotone) for _ in range(draws)],
+                         minlength=3)
+    halve = 1.0 if monotone else 0.5
+    expected = permute_and_flip_law([1.0, math.exp(-halve), math.exp(-3 * halve)]) * draws
     statistic = float(((counts - expected) ** 2 / expected).sum())
     assert stats.chi2.sf(statistic, 2) > 1e-7, f"seed {seed}: {counts} against {expected.round()}"
 
@@ -51,6 +55,7 @@ def test_the_scores_are_measured_in_their_sensitivity() -> None:
 def test_a_single_candidate_has_no_shortfall_and_bad_inputs_are_refused() -> None:
     assert shortfall(1.0, 1) == 0.0
     assert shortfall(0.5, 100) == pytest.approx(4 * math.log(100 / (1 - CONFIDENCE)))
+    assert shortfall(0.5, 100, monotone=True) == pytest.approx(2 * math.log(100 / (1 - CONFIDENCE)))
     with pytest.raises(ValueError):
         choose_one([], 1, 1.0, RandomSource.from_seed(1))
     with pytest.raises(ValueError):
