@@ -129,14 +129,14 @@ def test_a_fixed_bound_stays_and_a_unit_count_needs_only_l0(tmp_path: Path) -> N
 
 
 def test_a_run_whose_auto_step_saw_too_little_says_so_everywhere(tmp_path: Path) -> None:
-    """300 users at ε = 1: the choice may be far from the best. The run still publishes (the bounds
+    """100 users at ε = 1: the choice may be far from the best. The run still publishes (the bounds
     are the mechanism's best guess and every number is DP), and says so in the run's output, the
     report (JSON and Markdown), the card and the JSON summary, with the share that would see enough."""
     folder = tmp_path
     spec = write_spec(folder, AUTO)
     document = json.loads(spec.read_text())
     visits = pl.read_csv(folder / "visits.csv")
-    visits.filter(pl.col("user").is_in([f"user-{u}" for u in range(300)])).write_csv(folder / "visits.csv")
+    visits.filter(pl.col("user").is_in([f"user-{u}" for u in range(100)])).write_csv(folder / "visits.csv")
     spec.write_text(json.dumps(document))
     result = invoke("run", str(spec))
     assert result.exit_code == 0, everything(result)

@@ -330,3 +330,11 @@ def test_a_profile_of_few_heavy_units_states_no_percentile_beyond_its_band() -> 
         assert stated > 100 and missed <= 0.1 * stated, f"seed {seed}, ε = {epsilon}: {missed} of {stated} missed"
         if epsilon == 0.1:
             assert {(name, "p99") for name in truth} <= untold, f"seed {seed}: {untold}"
+
+
+def test_l0_candidates_stop_at_the_first_that_covers_every_known_partition() -> None:
+    assert bound_choice.useful_l0(None) == bound_choice.L0_CANDIDATES
+    assert bound_choice.useful_l0(1) == (1,)
+    assert bound_choice.useful_l0(8) == (1, 2, 4, 8)
+    assert bound_choice.useful_l0(10) == (1, 2, 4, 8, 16)
+    assert bound_choice.useful_l0(1000) == bound_choice.L0_CANDIDATES
