@@ -171,6 +171,7 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
         row_metrics=sum(m.kind in ("count", "sum") for m in query.metrics),
         unit_metrics=sum(m.kind == "privacy_id_count" for m in query.metrics),
         rows_matter=any(m.kind != "privacy_id_count" for m in query.metrics),
+        samples_rows=any(m.kind in ("mean", "variance", "stddev") for m in query.metrics),
         values=tuple(bound_choice.ValueChoice(m.name, m.column, MAIN_QUANTITY.get(m.kind),
                                               tuple(quantile_levels(m.kind, m.q)) if m.kind in QUANTILE_KINDS else ())
                      for m in query.metrics if m.bounds == "auto" and m.column is not None),

@@ -35,8 +35,8 @@ Three mechanisms, composed (pure DP, basic composition), then post-processing:
    one: the scores are monotone, and permute-and-flip runs at ε_c/Δ, not ε_c/(2Δ)
    (`score_choice`). No unit weighs more than one, so a few heavy units cannot hide the many, and
    the choice sees 10^3 units as well as 10^7. With probability 95% the choice's error is
-   within shortfall(ε_c, K) / S of the best candidate's (`score_choice.shortfall`); where that
-   is above SEEN_ENOUGH the choice says so.
+   within shortfall(ε_c, K) / S of the best candidate's (`score_choice.shortfall`), S taken at
+   the units' lower bound (UNITS_LOWER_STDS); where that is above SEEN_ENOUGH the choice says so.
 
 3. **Value bounds** (`choose_value_bounds`), per column with `bounds: auto`: two DP quantiles
    of its values by permute-and-flip over the cells of a signed power-of-two grid, each unit's
@@ -92,6 +92,9 @@ SIZE_FALSE_ALARM = 1e-3
 SEEN_ENOUGH = 0.1
 # ... and the advice asks for the share that brings that down to this.
 ADVISED_SHORTFALL = 0.05
+# The shortfall is stated at this many standard deviations below the estimated units (a lower bound at
+# about 98%), so that an upward draw of the estimate cannot hide a choice that saw too little.
+UNITS_LOWER_STDS = 2.0
 # The smallest share of a column's values auto value bounds leave out at each end.
 VALUE_TAIL = 0.001
 # The largest: beyond it the quantiles say too little of the values to bound them.
@@ -118,6 +121,9 @@ UNIT_WEIGHT_BITS = 16
 # measured worse, 5-12% too low a cap on aircraft).
 KEPT_CAPS: tuple[int, ...] = (1, 4, 16, 64, 256)
 KEPT_CAP_RESOLUTION = 0.15
+# Where a metric is a mean of the rows kept, bounds whose noise is within this share of the least are as
+# good as it on noise, and the one among them that keeps the most rows is chosen (`_least_noise`).
+NOISE_SLACK = 0.15
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class BoundChoicePlan:
     rows_candidates: tuple[int, ...] = ROWS_CANDIDATES
     share: float = DEFAULT_SHARE
     rows_matter: bool = True  # some metric depends on the rows per partition (any but privacy_id_count)
+    # Some metric is a statistic of the rows kept (mean, variance, stddev): its sampling error falls as
+    # more are kept, which its noise does not say.
+    samples_rows: bool = False
 
     @property
     def value_columns(self) -> tuple[str, ...]:
@@ -455,13 +464,16 @@ def _first_reaching(noisy: np.ndarray, level: float, total: float) -> int:
 
 def _visible(noisy: np.ndarray, scale: float) -> np.ndarray:
     """A noisy histogram's counts that stand VISIBLE_STDS noise scales above 0 and lie in one stretch of
-    bins around the largest, at most one empty bin apart (floats; the others 0). A lone noisy cell far
-    from the data, rare as it is, would otherwise stand for many units at the top of a grid."""
+    bins around the largest, at most one empty bin apart, and those elsewhere that stand above the floor
+    all of the histogram's empty cells reach by noise alone with probability SIZE_FALSE_ALARM (floats;
+    the others 0). A lone noisy cell far from the data, rare as it is, would otherwise stand for many
+    units at the top of a grid; a second mode that stands out of all the noise is data (a unit's home
+    partition and its few rows elsewhere)."""
     counts = noisy.astype(np.float64)
     shown = counts >= VISIBLE_STDS * scale
     if not shown.any():
         return np.zeros_like(counts)
-    keep = np.zeros_like(shown)
+    keep = counts >= 1.0 + scale * math.log(counts.size / SIZE_FALSE_ALARM)
     peak = int(np.argmax(np.where(shown, counts, -np.inf)))
     for step in (-1, 1):
         at, gap = peak, 0
@@ -508,6 +520,14 @@ def _share(part: float, whole: float) -> float:
 def units_estimate(noisy: NoisyShape) -> float:
     """The number of units: the three unit histograms count every unit once; their mean (at least 1)."""
     return max((float(noisy.partitions.sum()) + float(noisy.rows.sum()) + float(noisy.unit_rows.sum())) / 3, 1.0)
+
+
+def units_std(noisy: NoisyShape) -> float:
+    """The standard deviation of `units_estimate`, at most: a mean of three histograms' totals, each cell's
+    discrete Laplace variance below 2t²."""
+    cells = noisy.partitions.size + noisy.rows.size + noisy.unit_rows.size
+    return noisy.scale * math.sqrt(2.0 * cells) / 3
+
 
 
 @dataclass(frozen=True)
@@ -560,14 +580,13 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
                   relative_noise: RelativeNoise, source: RandomSource) -> ChosenBounds:
     """(L0, L∞) by permute-and-flip over the options, each scored by the units' kept shares less the
     noise at the typical partition (module docstring, step 2); where no metric loses what the bounds
-    drop (means, quantiles), the least noise, a choice from the noisy shape alone; where both are
-    fixed, those. The DP figures that go with it are estimated from the noisy shape alone."""
+    drop (means, quantiles), the least noise or, for a mean, the most rows near it (`_least_noise`),
+    a choice from the noisy shape alone; where both are fixed, those. The DP figures that go with it are estimated from the noisy shape alone."""
     shape = _shape(noisy, plan)
     options = [(l0, rows) for l0 in plan.l0_options for rows in plan.rows_options]
-    noises = []
-    for l0, rows in options:
-        noises.append(relative_noise(l0, rows, shape.typical_rows, shape.typical_units,
-                                     1 - _dropped(noisy, plan, l0, rows).rows))
+    kept = [1 - _dropped(noisy, plan, l0, rows).rows for l0, rows in options]
+    noises = [relative_noise(l0, rows, shape.typical_rows, shape.typical_units, share)
+              for (l0, rows), share in zip(options, kept, strict=True)]
     shortfall = 0.0
     if plan.scores_data:
         # The kept shares only grow as a unit is added: the scores are monotone (`score_choice`).
@@ -581,16 +600,31 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
                   - round(math.ldexp(scale * noise, UNIT_WEIGHT_BITS)) for index, noise in enumerate(noises)]
         sensitivity = (plan.row_metrics + plan.unit_metrics) << UNIT_WEIGHT_BITS
         chosen = score_choice.choose_one(scores, sensitivity, plan.contribution_epsilon, source, monotone=True)
-        # One sensitivity is one unit's worth of error in every metric: per metric, a share of the scale.
-        shortfall = resolution / scale
+        # One sensitivity is one unit's worth of error in every metric: per metric, a share of the scale,
+        # which grows with the units: stated at their lower bound.
+        units_low = max(shape.units - UNITS_LOWER_STDS * units_std(noisy), 1.0)
+        shortfall = resolution / (scale * units_low / shape.units)
     else:
-        chosen = int(np.argmin(noises))
+        chosen = _least_noise(noises, kept, plan.samples_rows)
     l0, rows = options[chosen]
     lost = _dropped(noisy, plan, l0, rows)
     dropped = lost.pairs if plan.row_metrics == 0 and plan.unit_metrics > 0 else lost.rows
     return ChosenBounds(l0, rows, round(shape.units), shape.partitions, shape.typical_units, dropped,
                         shape.typical_rows, per_partition_dropped=lost.per_partition if plan.row_metrics else 0.0,
                         partition_sizes=shape.partition_sizes, shortfall=shortfall)
+
+
+def _least_noise(noises: list[float], kept: list[float], samples_rows: bool) -> int:
+    """The option with the least noise; where a metric samples the rows kept (`samples_rows`), the one
+    that keeps the most rows among those within NOISE_SLACK of the least noise. A mean's noise over the
+    rows kept is all but flat in L∞ while the units have that many rows, and its sampling error, which
+    needs the column's spread to weigh, falls as 1/√(rows kept): a near tie goes to more rows, at a cost
+    of at most NOISE_SLACK where the noise is all of the error."""
+    least = int(np.argmin(noises))
+    if not samples_rows:
+        return least
+    near = [least, *(i for i, noise in enumerate(noises) if noise <= noises[least] * (1 + NOISE_SLACK))]
+    return max(near, key=lambda i: (kept[i], -noises[i]))
 
 
 def _row_cap(noisy: NoisyShape, units: float, shortfall: float) -> tuple[int, float]:
@@ -620,17 +654,45 @@ class _Dropped:
 
 
 def _dropped(noisy: NoisyShape, plan: BoundChoicePlan, l0: int, rows: int) -> _Dropped:
-    """What bounds (L0, L∞) drop, from the noisy histograms of partitions and of a pair's rows per unit
-    taken as independent, their visible cells only (post-processing)."""
+    """What bounds (L0, L∞) drop, from the visible cells of the noisy histograms of partitions per unit
+    and of a picked pair's rows (post-processing). A unit with n partitions is taken to have n pairs
+    whose rows are independent draws from the picked pairs' distribution; the cross-partition bounding
+    keeps its L0 with the most rows, the largest of the n draws (`_kept_rows`)."""
     partitions = _visible(noisy.partitions, noisy.scale)
     n = _midpoints(plan.l0_candidates)
     pairs = _share(float((partitions * (n - np.minimum(n, l0))).sum()), float((partitions * n).sum()))
-    weights = partitions[:, None] * _visible(noisy.rows, noisy.scale)[None, :]
-    n, r = n[:, None], _midpoints(plan.rows_candidates)[None, :]
-    total = float((weights * n * r).sum())
-    dropped = float((weights * (n * r - np.minimum(n, l0) * np.minimum(r, rows))).sum())
-    per_partition = float((weights * n * (r - np.minimum(r, rows))).sum())
-    return _Dropped(_share(dropped, total), pairs, _share(per_partition, total))
+    pair_rows = _visible(noisy.rows, noisy.scale)
+    r = _midpoints(plan.rows_candidates)
+    probabilities = pair_rows / max(float(pair_rows.sum()), 1.0)
+    total = float((partitions * n).sum() * (probabilities * r).sum())
+    kept = 0.0
+    for weight, size in zip(partitions, n, strict=True):
+        if weight <= 0:
+            continue
+        # A bin's middle may fall between two integers (3.5 for (2, 4]): that share of the next one.
+        low = int(size)
+        part = float(size) - low
+        expected = (1 - part) * _kept_rows(low, l0, rows, probabilities, r)
+        if part:
+            expected += part * _kept_rows(low + 1, l0, rows, probabilities, r)
+        kept += float(weight) * expected
+    per_partition = float((partitions * n).sum() * (probabilities * (r - np.minimum(r, rows))).sum())
+    return _Dropped(_share(total - kept, total), pairs, _share(per_partition, total))
+
+
+def _kept_rows(n: int, l0: int, rows: int, probabilities: np.ndarray, values: np.ndarray) -> float:
+    """The expected rows kept of a unit with `n` pairs, their rows independent draws from `values` with
+    `probabilities`, where the L0 pairs with the most rows keep at most L∞ each: Σ_{i ≤ min(L0, n)}
+    E[min(X_(i), L∞)], X_(i) the i-th largest draw. For a nondecreasing g with g(0) = 0,
+    E[g(X_(i))] = Σ_j (g(v_j) − g(v_{j−1})) · P(X_(i) ≥ v_j), and X_(i) ≥ v_j where at least i of
+    the n draws are: a binomial tail."""
+    # Imported here: the commands that read no data (explain-budget plans `auto` bounds) start without scipy.
+    from scipy.stats import binom
+
+    at_least = np.cumsum(probabilities[::-1])[::-1]  # P(X ≥ v_j)
+    steps = np.diff(np.minimum(np.concatenate(([0.0], values)), rows))
+    ranks = np.arange(min(l0, n))[:, None]
+    return float((binom.sf(ranks, n, np.clip(at_least, 0.0, 1.0)[None, :]) * steps[None, :]).sum())
 
 
 def choose_value_bounds(exact: ContributionProfile, plan: BoundChoicePlan, units: float, source: RandomSource
@@ -697,15 +759,14 @@ def profile_summary(noisy: NoisyShape, chosen: ChosenBounds, plan: BoundChoicePl
     shape = _shape(noisy, plan)
     per_partition = [2**i * shape.per_unit for i in range(len(SIZE_CANDIDATES))]
     t = noisy.scale
-    # `units_estimate`: the mean of three histograms' totals (a discrete Laplace variance is below 2t² per cell).
-    units_std = t * math.sqrt(2.0 * (noisy.partitions.size + noisy.rows.size + noisy.unit_rows.size)) / 3
+    total_std = units_std(noisy)
     return {
         "units_estimate": round(shape.units),
         # Public (known), or counted where their size bins stand out of the noise (None: none does).
         "partitions_estimate": shape.partitions or None,
-        "partitions_per_unit": _percentiles(noisy.partitions, t, plan.l0_candidates, shape.units, units_std, epsilon),
-        "rows_per_unit": _percentiles(noisy.unit_rows, t, UNIT_ROWS_CANDIDATES, shape.units, units_std, epsilon),
-        "rows_per_unit_and_partition": _percentiles(noisy.rows, t, plan.rows_candidates, shape.units, units_std,
+        "partitions_per_unit": _percentiles(noisy.partitions, t, plan.l0_candidates, shape.units, total_std, epsilon),
+        "rows_per_unit": _percentiles(noisy.unit_rows, t, UNIT_ROWS_CANDIDATES, shape.units, total_std, epsilon),
+        "rows_per_unit_and_partition": _percentiles(noisy.rows, t, plan.rows_candidates, shape.units, total_std,
                                                     epsilon),
         "units_per_partition": None if noisy.sizes is None else _percentiles(
             noisy.sizes, t, tuple(round(edge, 1) for edge in per_partition), max(float(noisy.sizes.sum()), 1.0),

@@ -144,7 +144,9 @@ def test_with_little_noise_the_choice_keeps_every_contribution() -> None:
     # its middle 24.5) of 256, about 290 units' worth.
     cap, weight = bound_choice._row_cap(noisy, chosen.units, shortfall(p.contribution_epsilon, 88, monotone=True))
     assert cap == 256 and weight == pytest.approx(3000 * 24.5 / 256, rel=0.05)
-    assert chosen.seen_enough and chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / weight)
+    low = 1 - bound_choice.UNITS_LOWER_STDS * bound_choice.units_std(noisy) / bound_choice.units_estimate(noisy)
+    assert chosen.seen_enough
+    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / (weight * low))
 
 
 def test_with_much_noise_the_choice_takes_the_smallest_bounds() -> None:
@@ -182,6 +184,40 @@ def test_means_and_quantiles_alone_choose_by_the_noise_and_score_no_data() -> No
     # Where the noise does not grow with the bounds, the smallest that keep every row.
     flat = lambda l0, rows, partition_rows, units, kept: 1 / (partition_rows * kept)  # noqa: E731
     assert_chosen(p, exact, flat, 5, (4, 16))
+
+
+def test_a_mean_takes_the_most_rows_among_the_bounds_near_the_least_noise() -> None:
+    """A mean's sampling error falls with the rows kept, which its noise does not say: among the bounds
+    whose noise is within NOISE_SLACK of the least, the one that keeps the most rows. 2 pairs of 2 rows:
+    the noise over the rows kept is the same at (1, 1), (1, 2), (2, 1) and (2, 2), which keeps them all;
+    larger bounds keep no more with twice the noise."""
+    p = replace(plan(epsilon=1000.0, counted=False), samples_rows=True)
+    exact = profile(p, np.full(3000, 2), np.full(3000, 2))
+    noise = lambda l0, rows, partition_rows, units, kept: l0 * rows / (partition_rows * kept)  # noqa: E731
+    assert_chosen(p, exact, noise, 5, (2, 2))
+    assert_chosen(replace(p, samples_rows=False), exact, noise, 5, (1, 1))
+
+
+def test_the_rows_kept_follow_the_pairs_with_the_most_rows() -> None:
+    """The cross-partition bounding keeps a unit's pairs with the most rows: with one pair of 100 rows and
+    three of 1, L0 = 1 keeps the largest of four pairs, which the estimate (the pairs drawn independently
+    from the picked pairs' rows) finds heavy in 1 − (3/4)^4 = 68% of units: it drops about 30% of the
+    rows, not the three quarters a pair taken at random would."""
+    p = plan(epsilon=1000.0)
+    units = 4000
+    pairs = np.full(units, 4)
+    rows = np.tile([100, 1, 1, 1], units)
+    kept_rows, kept_pairs = runs_kept_weights(rows, np.arange(units) * 4, pairs, p)
+    picked = np.where(np.arange(units) % 4 == 0, 100, 1)  # a pair picked uniformly from each unit's four
+    exact = ContributionProfile(histogram(pairs, picked, p), unit_rows_histogram(np.full(units, 103)),
+                                size_histogram(np.full(10, units // 10)), kept_rows, kept_pairs)
+    noisy = noisy_shape(exact, p, RandomSource.from_seed(4))
+    # The bins' middles: 4 pairs in (2, 4], read as 3.5 (half 3, half 4); 100 rows in (64, 128], 96.5.
+    largest = [(1 - 0.75**n) * 96.5 + 0.75**n for n in (3, 4)]
+    expected = 1 - (sum(largest) / 2) / (3.5 * (0.25 * 96.5 + 0.75))
+    assert bound_choice._dropped(noisy, p, 1, 1024).rows == pytest.approx(expected, abs=0.01)
+    assert bound_choice._dropped(noisy, p, 4, 1024).rows == 0.0
+    assert bound_choice._dropped(noisy, p, 1, 1).rows > 0.9
 
 
 def test_the_noise_is_weighed_at_the_partitions_that_matter() -> None:
@@ -226,12 +262,17 @@ def test_the_choice_is_at_most_its_shortfall_below_the_best_in_95_percent_of_dra
 
 
 def test_few_units_say_the_choice_saw_too_little_with_the_share_that_would_do() -> None:
-    p = replace(plan(epsilon=0.1), share=0.1)
+    """The shortfall is stated at the units' lower bound, two standard deviations below the estimate, so
+    that an upward draw of the estimate cannot hide it."""
+    p = replace(plan(epsilon=0.3), share=0.1)
     exact = profile(p, np.full(500, 3), np.full(500, 10))
-    chosen = choose_bounds(exact, noisy_shape(exact, p, RandomSource.from_seed(3)), p, laplace_like(1.0),
-                           RandomSource.from_seed(3))
+    noisy = noisy_shape(exact, p, RandomSource.from_seed(3))
+    chosen = choose_bounds(exact, noisy, p, laplace_like(1.0), RandomSource.from_seed(3))
     assert not chosen.seen_enough
-    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / chosen.units)
+    units = bound_choice.units_estimate(noisy)
+    low = units - 2 * bound_choice.units_std(noisy)
+    assert 200 < low < units - 150
+    assert chosen.shortfall == pytest.approx(shortfall(p.contribution_epsilon, 88, monotone=True) / low)
     assert chosen.budget_factor == pytest.approx(chosen.shortfall / bound_choice.ADVISED_SHORTFALL)
 
 
@@ -260,15 +301,18 @@ def test_the_shape_noise_is_discrete_laplace_of_scale_three_or_five_over_epsilon
 
 
 def test_a_lone_noisy_cell_far_above_the_data_does_not_move_the_typical_partition() -> None:
-    """A phantom of 600 units at 2^20 rows per unit (beyond any real noise, as in a rare draw) is read
-    away: the unit rows' typical value stays that of the data's bins."""
+    """A phantom of 60 units at 2^20 rows per unit (6.7 noise scales: a draw of probability 10^-3) is read
+    away: the unit rows' typical value stays that of the data's bins. A cell that stands above what the
+    noise of all the cells reaches in 1,000 draws is data, and counts."""
     p = plan()
     exact = profile(p, np.full(1500, 6), np.full(1500, 25))
     noisy = noisy_shape(exact, p, RandomSource.from_seed(4))
     clean = bound_choice._shape(noisy, p)
-    noisy.unit_rows[21] += 600
+    noisy.unit_rows[21] += 60
     moved = bound_choice._shape(noisy, p)
     assert moved.rows_per_pair == pytest.approx(clean.rows_per_pair)
+    noisy.unit_rows[21] += 600
+    assert bound_choice._shape(noisy, p).rows_per_pair > 2 * clean.rows_per_pair
     assert 100 <= clean.rows_per_pair * clean.per_unit <= 300  # 150 rows per unit, in the bin (128, 256]
 
 
