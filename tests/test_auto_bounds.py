@@ -19,6 +19,8 @@ import polars as pl
 import pytest
 from dprun_testing import everything, invoke, no_ambient_ledger
 
+from dprun import api
+
 pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
 assert no_ambient_ledger  # the fixture is used by name above
 
@@ -126,6 +128,16 @@ def test_a_fixed_bound_stays_and_a_unit_count_needs_only_l0(tmp_path: Path) -> N
     assert query["contribution_bounds"]["max_partitions_contributed"] >= 4
     assert query["auto_bounds"]["epsilon"] == pytest.approx(2.0, rel=1e-9)
     assert list(query["auto_bounds"]["candidates"]) == ["max_partitions_contributed"]
+
+
+@pytest.mark.parametrize(("kind", "samples"), [("mean", True), ("stddev", True), ("sum", False), ("median", False)])
+def test_a_mean_of_the_rows_kept_makes_the_choice_weigh_more_rows(tmp_path: Path, kind: str, samples: bool) -> None:
+    """A mean, a variance or a standard deviation is over the rows kept: its query's choice takes the most
+    rows near the least noise (`bound_choice._least_noise`); a total or a quantile weighs its own error."""
+    metric = {"name": "m", "kind": kind, "column": "spend", "bounds": [0, 40]}
+    validated = api.validate(write_spec(tmp_path, AUTO, metrics=[metric]))
+    choice = api.plan(validated).queries[0].bound_choice
+    assert choice is not None and choice.samples_rows is samples
 
 
 def test_a_run_whose_auto_step_saw_too_little_says_so_everywhere(tmp_path: Path) -> None:
