@@ -160,10 +160,8 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
         return query, None
     l0 = bounds.max_partitions_contributed
     rows = bounds.max_contributions_per_partition
-    share = bounds.auto_budget_share or bound_choice.DEFAULT_SHARE
     auto = bound_choice.BoundChoicePlan(
-        epsilon=epsilon * share * SHARE_SAFETY,
-        share=share,
+        epsilon=0.0,
         l0=None if l0 == "auto" else l0,
         rows=None if rows == "auto" else rows,
         partitions=_known_partitions(query),
@@ -176,6 +174,8 @@ def _auto_part(query: Query, epsilon: float, chosen: bound_choice.ChosenBounds |
                                               tuple(quantile_levels(m.kind, m.q)) if m.kind in QUANTILE_KINDS else ())
                      for m in query.metrics if m.bounds == "auto" and m.column is not None),
     )
+    share = bounds.auto_budget_share or auto.default_share
+    auto = replace(auto, epsilon=epsilon * share * SHARE_SAFETY, share=share)
     problem = auto.sampler_problem("give the spec a larger ε or `auto_budget_share`, or fixed bounds")
     if problem is not None:
         raise Unplannable(("contribution_bounds",), problem)

@@ -67,14 +67,14 @@ def keeps_everything(bounds: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize(("public", "accounting"), [(True, "basic"), (False, "auto")], ids=["public", "private"])
 def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, public: bool, accounting: str) -> None:
-    """At ε = 10 (1 for the auto step) a choice that drops rows scores at least 600 units below (4, 16):
-    permute-and-flip takes one with probability below e^-100."""
+    """At ε = 10 (1.5 for the auto step, 1 of it for the choice) a choice that drops rows scores at least
+    600 units below (4, 16): permute-and-flip takes one with probability below e^-100."""
     spec = write_spec(tmp_path, AUTO, public, accounting, epsilon=10.0)
     explained = invoke("explain-budget", str(spec), "--format", "json")
     assert explained.exit_code == 0, everything(explained)
     before = json.loads(explained.stdout)["queries"][0]
     assert before["contribution_bounds"] == AUTO
-    assert before["auto_bounds"]["epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert before["auto_bounds"]["epsilon"] == pytest.approx(1.5, rel=1e-9)  # 15% where a count weighs the choice
     # 12 public partitions: no unit is in more, and L0 = 16 keeps what any larger one would.
     largest = 16 if public else 128
     assert before["auto_bounds"]["candidates"]["max_partitions_contributed"][-1] == largest
@@ -105,8 +105,8 @@ def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, publ
         assert spent(query) == pytest.approx(total, rel=1e-12)
     else:
         assert report["accounting"] == "pld" and report["noise_multiplier"] < 1
-    assert 9.999 < total <= 10.0
-    assert f"bounds chosen from the data (ε=1): max_partitions_contributed {chosen['max_partitions_contributed']}" in \
+    assert 9.995 < total <= 10.0
+    assert f"bounds chosen from the data (ε=1.5): max_partitions_contributed {chosen['max_partitions_contributed']}" in \
         (tmp_path / "out" / "report.md").read_text()
     released = pl.read_parquet(tmp_path / "out" / "q.parquet")
     truth = pl.read_csv(tmp_path / "visits.csv").group_by("shop").agg(pl.len().alias("truth"))
@@ -130,14 +130,19 @@ def test_a_fixed_bound_stays_and_a_unit_count_needs_only_l0(tmp_path: Path) -> N
     assert list(query["auto_bounds"]["candidates"]) == ["max_partitions_contributed"]
 
 
-@pytest.mark.parametrize(("kind", "samples"), [("mean", True), ("stddev", True), ("sum", False), ("median", False)])
-def test_a_mean_of_the_rows_kept_makes_the_choice_weigh_more_rows(tmp_path: Path, kind: str, samples: bool) -> None:
+@pytest.mark.parametrize(("kind", "samples", "share"), [("mean", True, 0.05), ("stddev", True, 0.05),
+                                                       ("sum", False, 0.15), ("median", False, 0.05)])
+def test_the_kind_of_metric_sets_what_the_choice_weighs_and_spends(tmp_path: Path, kind: str, samples: bool,
+                                                                    share: float) -> None:
     """A mean, a variance or a standard deviation is over the rows kept: its query's choice takes the most
-    rows near the least noise (`bound_choice._least_noise`); a total or a quantile weighs its own error."""
+    rows near the least noise (`bound_choice._least_noise`); a total or a quantile weighs its own error.
+    A sum's choice scores the data and spends 15% of the query's ε by default; the others read the shape
+    alone and spend 5%."""
     metric = {"name": "m", "kind": kind, "column": "spend", "bounds": [0, 40]}
-    validated = api.validate(write_spec(tmp_path, AUTO, metrics=[metric]))
+    validated = api.validate(write_spec(tmp_path, AUTO, metrics=[metric], epsilon=2.0))
     choice = api.plan(validated).queries[0].bound_choice
     assert choice is not None and choice.samples_rows is samples
+    assert choice.share == pytest.approx(share) and choice.epsilon == pytest.approx(2.0 * share, rel=1e-9)
 
 
 def test_a_run_whose_auto_step_saw_too_little_says_so_everywhere(tmp_path: Path) -> None:
@@ -210,7 +215,7 @@ def test_value_bounds_are_chosen_from_the_data_next_to_fixed_ones(tmp_path: Path
     assert 0.001 <= levels[0] < 0.25 and levels[1] == pytest.approx(1 - levels[0])
     assert [m["bounds"] for m in query["metrics"]] == [None, [0, 32], [16, 32], [16, 32], [0, 100]]
     assert "spend bounds [0, 32], the " in (tmp_path / "out" / "report.md").read_text()
-    assert "Value bounds chosen from the data with ε = 2: spend [0, 32], avg [16, 32], typical [16, 32]" in \
+    assert "Value bounds chosen from the data with ε = 4: spend [0, 32], avg [16, 32], typical [16, 32]" in \
         (tmp_path / "out" / "report.html").read_text()
     released = pl.read_parquet(tmp_path / "out" / "q.parquet")
     truth = pl.read_csv(tmp_path / "visits.csv").group_by("shop").agg(

@@ -186,6 +186,14 @@ def test_means_and_quantiles_alone_choose_by_the_noise_and_score_no_data() -> No
     assert_chosen(p, exact, flat, 5, (4, 16))
 
 
+def test_the_default_share_is_five_percent_per_part_of_the_step_and_at_most_a_quarter() -> None:
+    values = tuple(bound_choice.ValueChoice(f"m{i}", f"c{i}", "sum") for i in range(4))
+    assert plan(counted=False).default_share == pytest.approx(0.05)
+    assert plan().default_share == pytest.approx(0.15)
+    assert replace(plan(), values=values[:1]).default_share == pytest.approx(0.2)
+    assert replace(plan(), values=values).default_share == bound_choice.DEFAULT_SHARE_LIMIT == 0.25
+
+
 def test_a_mean_takes_the_most_rows_among_the_bounds_near_the_least_noise() -> None:
     """A mean's sampling error falls with the rows kept, which its noise does not say: among the bounds
     whose noise is within NOISE_SLACK of the least, the one that keeps the most rows. 2 pairs of 2 rows:
