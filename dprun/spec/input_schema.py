@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal, TextIO
 import polars as pl
 
 from dprun.errors import DataError
+from dprun.spec.input_paths import local_pattern, resolve_paths, url_problem, url_scheme
 from dprun.spec.models import (
     CSV_OPTIONS,
     KINDS_WITH_VALUES,
@@ -86,7 +87,7 @@ class InputInfo:
         pattern = self.reading.path
         if not glob.has_magic(pattern) and len(self.paths) == 1:
             return pattern
-        if self.base_dir is None or Path(pattern).is_absolute():
+        if self.base_dir is None or Path(pattern).is_absolute() or url_scheme(pattern) is not None:
             return str(path)
         return os.path.relpath(path, self.base_dir)
 
@@ -126,13 +127,6 @@ def input_format(path: str, declared: str | None) -> str | None:
     if declared is not None:
         return declared
     return SUFFIX_FORMATS.get(Path(path.rstrip("*")).suffix.lower())
-
-
-def resolve_paths(pattern: str, base_dir: Path) -> tuple[Path, ...]:
-    full = pattern if Path(pattern).is_absolute() else str(base_dir / pattern)
-    if glob.has_magic(full):
-        return tuple(sorted(Path(p) for p in glob.glob(full, recursive=True) if Path(p).is_file()))
-    return (Path(full),) if Path(full).is_file() else ()
 
 
 def scan(info: InputInfo) -> pl.LazyFrame:
@@ -281,6 +275,16 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
     value_columns = _value_columns(spec)
     for name, declared in spec.inputs.items():
         at: FieldPath = ("inputs", name, "path")
+        problem = url_problem(declared.path)
+        if problem is not None:
+            findings.append((at, problem))
+            continue
+        folder = local_pattern(declared.path, base_dir)
+        if not glob.has_magic(folder) and Path(folder).is_dir():
+            suffix = declared.format or "parquet"
+            findings.append((at, f"'{declared.path}' is a folder; name its files with a glob, such as "
+                                 f"'{declared.path.rstrip('/')}/**/*.{suffix}'"))
+            continue
         fmt = input_format(declared.path, declared.format)
         if fmt is None:
             findings.append((at, "cannot tell the format from the suffix; set `format: csv | parquet | ndjson`"))

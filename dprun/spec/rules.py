@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dprun.ledger.location import companion_files, has_password, is_database_url
 from dprun.publish import STORE
+from dprun.spec.input_paths import local_pattern
 from dprun.spec.models import Join, PublicColumn, Query, Scalar, Spec
 from dprun.spec.row_expressions import NotRowWise, parse_row_expression
 from dprun.spec.yaml_loader import FieldPath
@@ -140,7 +141,7 @@ def _input_paths(spec: Spec, base_dir: Path, *, private_only: bool = False) -> s
     for declared in spec.inputs.values():
         if private_only and declared.public:
             continue
-        pattern = declared.path if Path(declared.path).is_absolute() else str(base_dir / declared.path)
+        pattern = local_pattern(declared.path, base_dir)
         read.add(Path(pattern).resolve())
         read |= {Path(p).resolve() for p in glob.glob(pattern, recursive=True)}
     return read

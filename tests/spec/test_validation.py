@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from urllib.parse import quote
 from pathlib import Path
 
 import polars as pl
@@ -777,6 +778,19 @@ SCHEMA_CASES: dict[str, tuple[str, list[Expect]]] = {
         edit(("    path: visits.csv\n", "    path: \"data/**/*.csv\"\n")),
         [Expect(9, "inputs.visits.path", "no file matches 'data/**/*.csv'")],
     ),
+    "input_url_of_another_scheme": (
+        edit(("    path: visits.csv\n", "    path: \"s3a://bucket/visits/*.parquet\"\n")),
+        [Expect(9, "inputs.visits.path", "'s3a://bucket/visits/*.parquet' is a URL (s3a:): dprun reads files on "
+                                         "this machine (a path, a glob or a file:// URL)")],
+    ),
+    "input_file_url_of_another_host": (
+        edit(("    path: visits.csv\n", "    path: file://server/visits.csv\n")),
+        [Expect(9, "inputs.visits.path", "'file://server/visits.csv' names a file on another host")],
+    ),
+    "input_folder": (
+        edit(("    path: visits.csv\n", "    path: .\n")),
+        [Expect(9, "inputs.visits.path", "'.' is a folder; name its files with a glob, such as './**/*.parquet'")],
+    ),
     "input_suffix_unknown": (
         edit(("    path: visits.csv\n", "    path: visits.txt\n")),
         [Expect(9, "inputs.visits.path", "cannot tell the format from the suffix")],
@@ -902,6 +916,27 @@ def test_valid_inputs(path: str, tmp_path: Path) -> None:
     validated = validate_spec(spec)
     assert set(validated.inputs["visits"].schema) == {"visitor_id", "restaurant_id", "day", "weekday", "spend_eur"}
     assert invoke("validate", str(spec)).exit_code == 0
+
+
+def test_an_input_may_be_a_file_url_and_its_glob_skips_spark_marker_files(tmp_path: Path) -> None:
+    """A folder as Spark writes it: part files, `_SUCCESS`, a commit marker and a checksum file. The glob
+    reads the part files only (a marker with another header would fail the schema check), through a
+    file:// URL as through a path."""
+    write_inputs(tmp_path)
+    parts = tmp_path / "out" / "visits"
+    (parts / "_temporary").mkdir(parents=True)
+    for name in ("part-0.csv", "part-1.csv"):
+        (parts / name).write_text(VISITS_CSV)
+    (parts / "_SUCCESS").write_text("")
+    (parts / "_committed_4711").write_text("x,y\n1,2\n")
+    (parts / ".part-0.csv.crc").write_text("crc")
+    (parts / "_temporary" / "part-2.csv").write_text("x,y\n1,2\n")
+    for path in (f"file://{parts}/**/*", "out/visits/**/*", f"file://{quote(str(parts))}/part-*"):
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(edit(("    path: visits.csv\n", f"    path: \"{path}\"\n    format: csv\n")))
+        validated = validate_spec(spec)
+        assert validated.inputs["visits"].paths == (parts / "part-0.csv", parts / "part-1.csv"), path
+        assert invoke("validate", str(spec)).exit_code == 0
 
 
 def test_spec_relative_paths_do_not_depend_on_the_working_directory(

@@ -1,0 +1,71 @@
+"""Which files an input's `path` names: a file, a glob, or a `file://` URL of either.
+
+Spark jobs write a folder of part files with marker files beside them (`_SUCCESS`,
+`_committed_…`, `.part-0.crc`); a glob over such a folder reads the part files only, as Spark's own
+file sources do (names beginning with `_` or `.` below the glob's fixed folder are skipped). URLs
+of other schemes (`s3a://`, `hdfs://`, …) are not files on this machine: `url_problem` says so in
+the spec's words, before anything is read.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+# A URL's scheme: two or more characters before ":/" (one letter would be a Windows drive).
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+_LOCAL_HOSTS = ("", "localhost")
+
+
+def url_scheme(path: str) -> str | None:
+    """The scheme of a path written as a URL, lower case, or None for a plain path."""
+    found = _URL.match(path)
+    return found.group(1).lower() if found else None
+
+
+def url_problem(path: str) -> str | None:
+    """Why a path written as a URL cannot be read here, or None (a plain path, or a `file://` URL of
+    this machine)."""
+    scheme = url_scheme(path)
+    if scheme is None:
+        return None
+    if scheme != "file":
+        return (f"'{path}' is a URL ({scheme}:): dprun reads files on this machine (a path, a glob or a "
+                "file:// URL); copy or mount the files here and name them by their local path")
+    if urlsplit(path).netloc not in _LOCAL_HOSTS:
+        return f"'{path}' names a file on another host; a file:// URL must be of this machine (file:///…)"
+    return None
+
+
+def local_pattern(path: str, base_dir: Path) -> str:
+    """The path or glob as a local one: a `file://` URL's path (percent-decoded), else the path
+    relative to the spec's folder `base_dir` (absolute paths as written)."""
+    if url_scheme(path) == "file":
+        return unquote(urlsplit(path).path)
+    return path if Path(path).is_absolute() else str(base_dir / path)
+
+
+def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
+    """The files an input's `path` names, sorted: the file itself, or every file its glob matches
+    except marker files (a name beginning with `_` or `.` below the glob's fixed folder)."""
+    full = local_pattern(path, base_dir)
+    if glob.has_magic(full):
+        root = _fixed_folder(full)
+        return tuple(sorted(Path(p) for p in glob.glob(full, recursive=True)
+                            if Path(p).is_file() and not _is_marker(p, root)))
+    return (Path(full),) if Path(full).is_file() else ()
+
+
+def _fixed_folder(pattern: str) -> str:
+    """The folder a glob starts in: its path up to the first component with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return str(Path(*parts[:fixed])) if fixed else "."
+
+
+def _is_marker(match: str, root: str) -> bool:
+    """Whether a glob's match is, or lies in, a file or folder that Spark and Hadoop skip as metadata."""
+    return any(part.startswith(("_", ".")) for part in Path(os.path.relpath(match, root)).parts)
