@@ -112,6 +112,26 @@ class SparkUnavailable(DprunError):
     exit_code = ExitCode.USAGE_OR_INTERNAL
 
 
+class SparkDriverLimit(DprunError):
+    """A limit of the Spark driver was hit (its result size or memory): a setting to raise, not bad data
+    (no input is read again to look for a bad row)."""
+
+    exit_code = ExitCode.USAGE_OR_INTERNAL
+
+
+# Fixed phrases of Spark's messages for the driver's limits, and what to say for each. The phrases are
+# searched for, never shown: the rest of a Spark message can quote data values.
+DRIVER_LIMITS = (
+    ("bigger than spark.driver.maxResultSize",
+     "the results collected on the Spark driver exceeded spark.driver.maxResultSize; raise it "
+     "(--conf spark.driver.maxResultSize=4g, or 0 for no limit) and give the driver the memory to match "
+     "(spark.driver.memory, set before the driver starts)"),
+    ("java.lang.OutOfMemoryError",
+     "a Spark JVM ran out of memory; raise spark.driver.memory (set before the driver starts: "
+     "spark-submit --driver-memory or spark-defaults.conf) or spark.executor.memory"),
+)
+
+
 # --- session ----------------------------------------------------------------------------
 
 
@@ -939,11 +959,25 @@ def _spark_errors() -> Iterator[None]:
             raise
         if isinstance(exc, ImportError):
             raise SparkUnavailable(f"a package Spark needs is missing ({type(exc).__name__}): {INSTALL_HINT}") from None
+        limit = _driver_limit(exc)
+        if limit is not None:
+            raise SparkDriverLimit(f"Spark could not run the query: {limit}; nothing was published") from None
         condition = _condition(exc)
         kind = type(exc).__name__ + (f": {condition}" if condition else "")
         raise DataError(f"Spark could not run the query ({kind}); check the input files, the filter and "
                         "the column types. Spark's log (--conf spark.log.level=WARN) has the details; it can "
                         "quote data values") from None
+
+
+def _driver_limit(exc: BaseException) -> str | None:
+    """What to raise where the failure is one of DRIVER_LIMITS (found in its text and its Java cause's),
+    else None."""
+    text = str(exc)
+    try:
+        text += str(getattr(exc, "java_exception", ""))
+    except Exception:  # noqa: BLE001 - the JVM is gone: its message is not needed
+        pass
+    return next((advice for phrase, advice in DRIVER_LIMITS if phrase in text), None)
 
 
 def _is_spark_error(exc: BaseException) -> bool:

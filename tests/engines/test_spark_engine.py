@@ -450,6 +450,26 @@ def test_missing_pyspark_or_java_gives_the_install_hint(monkeypatch: pytest.Monk
     assert spark_engine.java_major_version('java version "1.8.0_392"') == 8
 
 
+@pytest.mark.parametrize(("java_text", "setting"), [
+    ("Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Total size of serialized "
+     "results of 1 tasks (46.8 MiB) is bigger than spark.driver.maxResultSize (1024.0 KiB)",
+     "--conf spark.driver.maxResultSize=4g"),
+    ("Caused by: java.lang.OutOfMemoryError: Java heap space", "raise spark.driver.memory"),
+])
+def test_a_driver_limit_says_which_setting_to_raise_and_no_more(java_text: str, setting: str) -> None:
+    """Spark's own text (as a local[1] session with spark.driver.maxResultSize=1m gives it for a 47 MiB
+    toArrow) is searched, never shown: the answer names the setting, exit 2, and no input is read again."""
+    from py4j.protocol import Py4JError
+
+    failure = Py4JError(f"An error occurred while calling o42.collectAsArrowToPython.\nsecret-4711\n{java_text}")
+    with pytest.raises(spark_engine.SparkDriverLimit) as caught, spark_engine._spark_errors():
+        raise failure
+    assert setting in caught.value.message and caught.value.exit_code == 2
+    assert "secret-4711" not in caught.value.message and "MiB" not in caught.value.message
+    with pytest.raises(DataError, match="check the input files"), spark_engine._spark_errors():
+        raise Py4JError("An error occurred: secret-4711")
+
+
 def test_a_bad_value_fails_the_run_without_showing_the_value(
     tmp_path: Path, spark: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
