@@ -185,8 +185,8 @@ def main() -> None:
     for floor in ("polars", "groupby", "distinct"):
         if {"spark", floor} <= results.keys():
             spark, other = results["spark"], results[floor]
-            print(f"spark / {floor}: wall {spark['wall'] / other['wall']:.2f}x, query {spark['run'] / other['run']:.2f}x, "
-                  f"CPU {spark['cpu'] / other['cpu']:.2f}x")
+            print(f"spark / {floor}: wall {spark['wall'] / other['wall']:.2f}x, "
+                  f"query {spark['run'] / other['run']:.2f}x, CPU {spark['cpu'] / other['cpu']:.2f}x")
 
 
 def measure(engine: str, spec: Path, options: dict, folder: Path, args: argparse.Namespace, exact: pl.DataFrame,

@@ -546,7 +546,6 @@ def units_std(noisy: NoisyShape) -> float:
     return noisy.scale * math.sqrt(2.0 * cells) / 3
 
 
-
 @dataclass(frozen=True)
 class _Shape:
     """What the noisy shape says of a query's data (post-processing): units, partitions per unit,
@@ -598,7 +597,8 @@ def choose_bounds(exact: ContributionProfile, noisy: NoisyShape, plan: BoundChoi
     """(L0, L∞) by permute-and-flip over the options, each scored by the units' kept shares less the
     noise at the typical partition (module docstring, step 2); where no metric loses what the bounds
     drop (means, quantiles), the least noise or, for a mean, the most rows near it (`_least_noise`),
-    a choice from the noisy shape alone; where both are fixed, those. The DP figures that go with it are estimated from the noisy shape alone."""
+    a choice from the noisy shape alone; where both are fixed, those. The DP figures that go with it
+    are estimated from the noisy shape alone."""
     shape = _shape(noisy, plan)
     options = [(l0, rows) for l0 in plan.l0_options for rows in plan.rows_options]
     kept = [1 - _dropped(noisy, plan, l0, rows).rows for l0, rows in options]

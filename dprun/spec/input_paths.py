@@ -13,7 +13,7 @@ import glob
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 # A URL's scheme: two or more characters before ":/" (one letter would be a Windows drive).
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
@@ -35,7 +35,7 @@ def url_problem(path: str) -> str | None:
     if scheme != "file":
         return (f"'{path}' is a URL ({scheme}:): dprun reads files on this machine (a path, a glob or a "
                 "file:// URL); copy or mount the files here and name them by their local path")
-    if urlsplit(path).netloc not in _LOCAL_HOSTS:
+    if _file_url(path)[0] not in _LOCAL_HOSTS:
         return f"'{path}' names a file on another host; a file:// URL must be of this machine (file:///…)"
     return None
 
@@ -44,8 +44,18 @@ def local_pattern(path: str, base_dir: Path) -> str:
     """The path or glob as a local one: a `file://` URL's path (percent-decoded), else the path
     relative to the spec's folder `base_dir` (absolute paths as written)."""
     if url_scheme(path) == "file":
-        return unquote(urlsplit(path).path)
+        return unquote(_file_url(path)[1])
     return path if Path(path).is_absolute() else str(base_dir / path)
+
+
+def _file_url(path: str) -> tuple[str, str]:
+    """A `file:` URL's host and path. Split by hand: urllib would read a glob's `?` as the start of a
+    query and `#` as a fragment."""
+    rest = path[path.index(":") + 1:]
+    if rest.startswith("//"):
+        host, _, tail = rest[2:].partition("/")
+        return host, "/" + tail
+    return "", rest
 
 
 def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:

@@ -931,7 +931,8 @@ def test_an_input_may_be_a_file_url_and_its_glob_skips_spark_marker_files(tmp_pa
     (parts / "_committed_4711").write_text("x,y\n1,2\n")
     (parts / ".part-0.csv.crc").write_text("crc")
     (parts / "_temporary" / "part-2.csv").write_text("x,y\n1,2\n")
-    for path in (f"file://{parts}/**/*", "out/visits/**/*", f"file://{quote(str(parts))}/part-*"):
+    for path in (f"file://{parts}/**/*", "out/visits/**/*", f"file://{quote(str(parts))}/part-?.csv",
+                 f"file:{parts}/part-*"):
         spec = tmp_path / "spec.yaml"
         spec.write_text(edit(("    path: visits.csv\n", f"    path: \"{path}\"\n    format: csv\n")))
         validated = validate_spec(spec)
