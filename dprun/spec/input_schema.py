@@ -532,8 +532,7 @@ def _key_file(name: str, base_dir: Path) -> pl.DataFrame:
 
 
 def _key_path(name: str, base_dir: Path) -> Path:
-    path = Path(name)
-    return path if path.is_absolute() else base_dir / path
+    return Path(local_pattern(name, base_dir))
 
 
 def _is_parquet(path: Path) -> bool:
@@ -548,6 +547,10 @@ def _public_file(query: Query, base_dir: Path) -> list[Finding]:
     findings: list[Finding] = []
     for field, name, column in partitions.key_files():
         at: FieldPath = ("partitions", *field)
+        problem = url_problem(name)
+        if problem is not None:
+            findings.append((at, problem))
+            continue
         path = _key_path(name, base_dir)
         if not path.is_file():
             findings.append((at, f"public partition file '{name}' not found"))

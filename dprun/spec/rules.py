@@ -151,7 +151,7 @@ def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
     """Every file the spec reads: inputs, public key files, the spec itself."""
     read = {spec_path.resolve(), *_input_paths(spec, base_dir)}
     for query in spec.queries:
-        read |= {(base_dir / path).resolve() for _, path, _ in _key_files(query)}
+        read |= {Path(local_pattern(path, base_dir)).resolve() for _, path, _ in _key_files(query)}
     return read
 
 
@@ -165,7 +165,7 @@ def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
     inputs = _input_paths(spec, base_dir, private_only=True)
     for index, query in enumerate(spec.queries):
         for field, path, _ in _key_files(query):
-            if (base_dir / path).resolve() in inputs:
+            if Path(local_pattern(path, base_dir)).resolve() in inputs:
                 yield ("queries", index, "partitions", *field), (
                     "the public partition file is a private input of this spec: public keys must come from a "
                     "public source, not from the private data (use private selection instead, see docs/privacy.md)"

@@ -36,7 +36,9 @@ def folder(tmp_path: Path) -> Path:
 
 def validate(folder: Path, input_path: str, public: str) -> None:
     path = folder / "spec.yaml"
-    path.write_text(SPEC.format(input=input_path, public=public))
+    # FOLDER stands for the test's folder, in the file:// URLs.
+    path.write_text(SPEC.format(input=input_path.replace("FOLDER", str(folder)),
+                                public=public.replace("FOLDER", str(folder))))
     validate_spec(path)
 
 
@@ -46,6 +48,8 @@ def validate(folder: Path, input_path: str, public: str) -> None:
     ("data/rows.csv", "link.csv"),  # a symlink to it
     ("link.csv", "data/rows.csv"),  # the input is the symlink
     ("data/*.csv", "data/rows.csv"),  # a file an input glob matches
+    ("data/rows.csv", '"file://FOLDER/data/rows.csv"'),  # the public file as a file:// URL
+    ('"file://FOLDER/data/*.csv"', "data/rows.csv"),  # the input as a file:// URL
 ])
 def test_a_public_file_that_is_an_input_is_refused(folder: Path, input_path: str, public: str) -> None:
     with pytest.raises(SpecError) as caught:
@@ -57,6 +61,7 @@ def test_a_public_file_that_is_an_input_is_refused(folder: Path, input_path: str
 
 def test_a_public_file_beside_the_input_is_accepted(folder: Path) -> None:
     validate(folder, "data/rows.csv", "keys.csv")
+    validate(folder, "data/rows.csv", '"file://FOLDER/keys.csv"')
 
 
 def test_a_public_input_may_also_be_the_public_file(folder: Path) -> None:
