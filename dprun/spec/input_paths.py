@@ -48,6 +48,11 @@ def local_pattern(path: str, base_dir: Path) -> str:
     return path if Path(path).is_absolute() else str(base_dir / path)
 
 
+def local_path(path: str, base_dir: Path) -> Path:
+    """`local_pattern` of a single file's path (a public key file)."""
+    return Path(local_pattern(path, base_dir))
+
+
 def _file_url(path: str) -> tuple[str, str]:
     """A `file:` URL's host and path. Split by hand: urllib would read a glob's `?` as the start of a
     query and `#` as a fragment."""

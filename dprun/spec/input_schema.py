@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal, TextIO
 import polars as pl
 
 from dprun.errors import DataError
-from dprun.spec.input_paths import local_pattern, resolve_paths, url_problem, url_scheme
+from dprun.spec.input_paths import local_path, local_pattern, resolve_paths, url_problem, url_scheme
 from dprun.spec.models import (
     CSV_OPTIONS,
     KINDS_WITH_VALUES,
@@ -527,12 +527,8 @@ def _public_column(values: list[Scalar] | PublicColumn, column: str, base_dir: P
 
 def _key_file(name: str, base_dir: Path) -> pl.DataFrame:
     """A public key file, its values as written (CSV as text, so that they cast like inline keys)."""
-    path = _key_path(name, base_dir)
+    path = local_path(name, base_dir)
     return pl.read_parquet(path) if _is_parquet(path) else pl.read_csv(path, infer_schema_length=0)
-
-
-def _key_path(name: str, base_dir: Path) -> Path:
-    return Path(local_pattern(name, base_dir))
 
 
 def _is_parquet(path: Path) -> bool:
@@ -551,7 +547,7 @@ def _public_file(query: Query, base_dir: Path) -> list[Finding]:
         if problem is not None:
             findings.append((at, problem))
             continue
-        path = _key_path(name, base_dir)
+        path = local_path(name, base_dir)
         if not path.is_file():
             findings.append((at, f"public partition file '{name}' not found"))
             continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dprun.ledger.location import companion_files, has_password, is_database_url
 from dprun.publish import STORE
-from dprun.spec.input_paths import local_pattern
+from dprun.spec.input_paths import local_path, local_pattern
 from dprun.spec.models import Join, PublicColumn, Query, Scalar, Spec
 from dprun.spec.row_expressions import NotRowWise, parse_row_expression
 from dprun.spec.yaml_loader import FieldPath
@@ -151,7 +151,7 @@ def _read_paths(spec: Spec, base_dir: Path, spec_path: Path) -> set[Path]:
     """Every file the spec reads: inputs, public key files, the spec itself."""
     read = {spec_path.resolve(), *_input_paths(spec, base_dir)}
     for query in spec.queries:
-        read |= {Path(local_pattern(path, base_dir)).resolve() for _, path, _ in _key_files(query)}
+        read |= {local_path(path, base_dir).resolve() for _, path, _ in _key_files(query)}
     return read
 
 
@@ -165,7 +165,7 @@ def _public_files_not_inputs(spec: Spec, base_dir: Path) -> Iterator[Finding]:
     inputs = _input_paths(spec, base_dir, private_only=True)
     for index, query in enumerate(spec.queries):
         for field, path, _ in _key_files(query):
-            if Path(local_pattern(path, base_dir)).resolve() in inputs:
+            if local_path(path, base_dir).resolve() in inputs:
                 yield ("queries", index, "partitions", *field), (
                     "the public partition file is a private input of this spec: public keys must come from a "
                     "public source, not from the private data (use private selection instead, see docs/privacy.md)"
