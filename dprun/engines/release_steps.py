@@ -9,7 +9,7 @@ Both `polars_engine` and `spark_engine` call these, so their releases agree step
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import polars as pl
@@ -28,6 +28,8 @@ from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
 from dprun.postprocess import metric_columns
 
+# Private selection draws for this many candidates at a time (`chosen_in_key_order`).
+DRAW_CHUNK = 1 << 20
 # partitions → {quantile quantity id: {level: answer per partition}}
 QuantileAnswers = Callable[[pl.DataFrame], dict[str, dict[float, np.ndarray]]]
 
@@ -39,17 +41,55 @@ def partition_keys(plan: QueryPlan) -> list[str]:
 
 def chosen_partitions(plan: QueryPlan, unit_counts: pl.DataFrame, source: RandomSource) -> pl.DataFrame:
     """The keys private partition selection keeps, from col : (keys, privacy units after the first
-    bounding, and for a weighted selection SELECTION_WEIGHTS).
+    bounding, and for a weighted selection SELECTION_WEIGHTS), in any order."""
+    keys = partition_keys(plan)
+    in_order = unit_counts.sort(key_order(unit_counts.select(keys).schema), nulls_last=True)
+    return chosen_in_key_order(plan, [in_order], source)
 
-    Sorted by key first, so that random draws are assigned in the same order whatever the
-    engine or the sharding.
+
+def chosen_in_key_order(plan: QueryPlan, sorted_counts: Iterable[pl.DataFrame], source: RandomSource
+                        ) -> pl.DataFrame:
+    """`chosen_partitions` of the candidates given as consecutive frames in `key_order`, of any sizes.
+
+    The draws are made DRAW_CHUNK candidates at a time in key order, whatever the engine or the
+    sharding: how a sampler consumes random bytes depends on how many draws it makes at once, so
+    fixed chunks give every engine the same release under a test seed, and no engine holds more than
+    one chunk of draws.
     """
     keys = partition_keys(plan)
     assert plan.selection.detail is not None, "a private selection's plan names its mechanism"
-    unit_counts = unit_counts.sort(keys, nulls_last=True)
-    weights = unit_counts[SELECTION_WEIGHTS].to_numpy() if SELECTION_WEIGHTS in unit_counts.columns else None
-    keep = selection.select_partitions(plan.selection.detail, unit_counts[UNITS].to_numpy(), source, weights)
-    return unit_counts.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys)
+    kept = []
+    for chunk in _in_chunks(sorted_counts, DRAW_CHUNK):
+        weights = chunk[SELECTION_WEIGHTS].to_numpy() if SELECTION_WEIGHTS in chunk.columns else None
+        keep = selection.select_partitions(plan.selection.detail, chunk[UNITS].to_numpy(), source, weights)
+        kept.append(chunk.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys))
+    return pl.concat(kept)
+
+
+def key_order(schema: Mapping[str, pl.DataType]) -> list[pl.Expr]:
+    """The order candidates are drawn for: by each key in turn, nulls last; a categorical key by its
+    text, as Spark orders the strings it holds them as."""
+    return [pl.col(k).cast(pl.String) if isinstance(t, pl.Categorical | pl.Enum) else pl.col(k)
+            for k, t in schema.items()]
+
+
+def _in_chunks(frames: Iterable[pl.DataFrame], size: int) -> Iterator[pl.DataFrame]:
+    """The rows of `frames`, in order, as frames of `size` rows but the last; no rows: one empty frame
+    (so there must be a frame, which gives the schema)."""
+    held: list[pl.DataFrame] = []
+    rows = 0
+    given = False
+    for frame in frames:
+        held.append(frame)
+        rows += frame.height
+        while rows >= size:
+            joined = pl.concat(held)
+            yield joined.head(size)
+            given = True
+            held, rows = [joined.slice(size)], rows - size
+    assert held, "the candidates come as one frame at least"
+    if rows or not given:
+        yield pl.concat(held)
 
 
 def weighs_units(plan: QueryPlan) -> bool:
@@ -114,21 +154,40 @@ def release_table(plan: QueryPlan, sums: pl.DataFrame, source: RandomSource,
     """The DP output of one query from its exact sums: one row per released partition, keys then metrics.
 
     `sums` is col : (partition keys, units, exact Int128 sum per quantity), one row per
-    partition that may be released; `quantiles` answers the quantile trees for the sorted
-    partitions. Noise is drawn here, in key order.
+    partition that may be released, in any order; `quantiles` answers the quantile quantities
+    for the partitions it is given, in their order.
     """
+    in_order = sums.sort(key_order(sums.select(partition_keys(plan)).schema), nulls_last=True)
+    return release_in_key_order(plan, [in_order], source, quantiles)
+
+
+def release_in_key_order(plan: QueryPlan, sorted_sums: Iterable[pl.DataFrame], source: RandomSource,
+                         quantiles: QuantileAnswers) -> pl.DataFrame:
+    """`release_table` of sums given as consecutive frames in `key_order`, of any sizes.
+
+    Noise is drawn DRAW_CHUNK partitions at a time, in key order (as `chosen_in_key_order`): per
+    chunk, each quantity's noise in the plan's order, then the quantile answers of the partitions
+    the chunk releases.
+    """
+    output = pl.concat([_released_chunk(plan, chunk, source, quantiles)
+                        for chunk in _in_chunks(sorted_sums, DRAW_CHUNK)])
+    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+
+
+def _released_chunk(plan: QueryPlan, sums: pl.DataFrame, source: RandomSource,
+                    quantiles: QuantileAnswers) -> pl.DataFrame:
     keys = partition_keys(plan)
     # col : (partition keys, exact integer sum per quantity) → noisy real values per quantity
-    sums = sums.sort(keys, nulls_last=True)
     noisy = {q.quantity.id: add_noise(sums[q.quantity.id], q.quantity.unit_exponent, _noise(q), source)
              for q in plan.quantities if not q.quantity.is_quantile}
-    answers = quantiles(sums.select(keys))
-    released = np.ones(sums.height, dtype=bool)
     if plan.selection.mode == "private" and plan.selection.mechanism == "released_count":
+        # Quantiles are answered for the partitions released only: a partition's answers are
+        # independent of whether it is released, so drawing them for the others changes no output.
         released = _released_count_keep(plan, sums, noisy)
-    output = sums.select(keys).with_columns(metric_columns(plan, noisy, answers)).filter(
-        pl.Series(released, dtype=pl.Boolean))
-    return output.drop(GLOBAL_KEY) if not plan.group_by else output
+        sums = sums.filter(pl.Series(released, dtype=pl.Boolean))
+        noisy = {name: values[released] for name, values in noisy.items()}
+    partitions = sums.select(keys)
+    return partitions.with_columns(metric_columns(plan, noisy, quantiles(partitions)))
 
 
 def _released_count_keep(plan: QueryPlan, sums: pl.DataFrame, noisy: dict[str, np.ndarray]) -> np.ndarray:

@@ -13,21 +13,28 @@ The steps, their column semantics and their integer arithmetic are those of
 3. cross-partition bounding: each unit keeps the L0 partitions with the most rows, ties by
    the smallest keyed hash of (unit, partition) (`xxhash64` with the run's secret 64-bit key
    as its first input), then the partition keys, via a window `row_number()` per unit;
-4. private partitions: the per-partition unit counts are collected to the driver, sorted by
-   keys and passed to `dprun.mechanisms.selection.select_partitions`, exactly as the Polars
-   engine does; then Plume's second bounding (step 3 on the selected partitions only);
-5. per-partition exact integer sums are collected to the driver and released by the same
-   engine-neutral steps as the Polars engine's (`dprun.engines.release_steps`): noise by
+4. private partitions: the per-partition unit counts come to the driver in key order and are
+   passed to `dprun.mechanisms.selection.select_partitions` a chunk at a time, exactly as the
+   Polars engine does (`release_steps.chosen_in_key_order`); then Plume's second bounding
+   (step 3 on the selected partitions only);
+5. per-partition exact integer sums come to the driver in key order and are released by the
+   same engine-neutral steps as the Polars engine's (`dprun.engines.release_steps`): noise by
    `dprun.mechanisms.noise.add_noise`, metrics by `dprun.postprocess.metric_columns`;
    quantiles by `release_steps.answer_quantile` (a tree or candidates) from per-(partition,
-   leaf) weights summed on the executors.
+   leaf) weights summed on the executors for the partitions released.
+
+Tables that grow with the data (every candidate of a selection, and every candidate's sums
+under `released_count`) are collected whole only up to WHOLE_CANDIDATES rows; beyond, Spark
+sorts them and the driver reads them a partition at a time (`_in_key_order`), so its memory
+holds one chunk of draws and what is released.
 
 Executors only ever compute deterministic functions of the input rows and the run's hash
 key: integer sums (exact, so independent of order and partitioning) and a keyed-hash
 choice with a total order. A retried or speculative task, a recomputed stage or a lost
 cache block therefore reproduces exactly the same rows and sums. Every random draw
 (selection, noise) happens on the driver, from the run's `RandomSource`, on a table
-collected once (`.toArrow()`/`.collect()` is called once per table and its result kept).
+collected once (`.toArrow()`, or `toLocalIterator()` once over a persisted table, is called once
+per table and its result kept).
 No Spark task can draw noise, so no recomputation can publish a second noisy copy.
 
 Filters and derived columns are never handed to Spark as text: Polars computes the very
@@ -103,6 +110,12 @@ UNIT_ROWS = "__dprun_unit_rows__"
 CAPPED = "__dprun_capped_{}__"
 KEPT = "__dprun_kept_{}__"
 VALUE_CELL = "__dprun_value_cell__"
+IPC = "__dprun_arrow_ipc__"
+# Up to this many candidates of a private selection (or their sums) are collected whole (about 100 MB
+# of Arrow at 20-byte keys); more are streamed to the driver in key order (`_in_key_order`).
+WHOLE_CANDIDATES = 1 << 22
+# Streamed, they come in ranges of about this many rows (about 10 MB each).
+FETCH_ROWS = 1 << 18
 EXACT = "decimal(38,0)"  # exact integers up to about 2**126 (the Polars engine uses Int128)
 
 
@@ -130,6 +143,11 @@ DRIVER_LIMITS = (
      "a Spark JVM ran out of memory; raise spark.driver.memory (set before the driver starts: "
      "spark-submit --driver-memory or spark-defaults.conf) or spark.executor.memory"),
 )
+
+# A local or client-mode driver's JVM that stops answering has most often run out of memory.
+DRIVER_GONE = ("the Spark driver's JVM stopped answering, most often because it ran out of memory; raise "
+               "spark.driver.memory (set before the driver starts: spark-submit --driver-memory or "
+               "spark-defaults.conf; in local mode it holds the executors too)")
 
 
 # --- session ----------------------------------------------------------------------------
@@ -282,10 +300,10 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
             sums, bounded = _bounded_sums(spark, plan, info, partials, keys, seed, source)
 
             def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
-                return {q.quantity.id: _quantiles(q, plan, rows, bounded, partitions, keys, source)
+                return {q.quantity.id: _quantiles(spark, q, plan, rows, bounded, partitions, keys, source)
                         for q in plan.quantities if q.quantity.is_quantile}
 
-            return release_steps.release_table(plan, sums, source, quantiles)
+            return release_steps.release_in_key_order(plan, sums, source, quantiles)
         finally:
             partials.unpersist()
 
@@ -405,32 +423,41 @@ def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Sp
     with _spark_errors():
         partials = _partials(_rows(spark, plan, info, keys, truncation_seed), plan, keys)
         sums, _ = _bounded_sums(spark, plan, info, partials, keys, seed, source)
-    return sums.sort(keys, nulls_last=True)
+        return pl.concat(sums)
 
 
 def _bounded_sums(
     spark: SparkSession, plan: QueryPlan, info: InputInfo, partials: DataFrame, keys: list[str], seed: int,
     source: RandomSource,
-) -> tuple[pl.DataFrame, DataFrame]:
-    """Steps 3–5 up to the exact sums: (sums on the driver, the bounded partials they came from)."""
+) -> tuple[Iterator[pl.DataFrame], DataFrame]:
+    """Steps 3–5 up to the exact sums: (sums on the driver in `release_steps.key_order`, as consecutive
+    frames, the bounded partials they came from)."""
     key_schema = _key_schema(plan, info, keys)
     bounded = _cross_partition_bound(partials, plan, keys, seed)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
-        # col : (partition keys, privacy units after the first bounding[, their weights]), collected once
-        chosen = release_steps.chosen_partitions(plan, _unit_counts(bounded, plan, keys, key_schema), source)
+        chosen = _chosen_partitions(plan, bounded, keys, key_schema, source)
         chosen_frame = _to_spark(spark, chosen)
         if plan.selection.second_bounding:
             bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
         else:
             bounded = _semi(bounded, chosen_frame, keys)
-        sums = release_steps.with_all_keys(_partition_sums(bounded, plan, keys, key_schema), chosen, plan)
+        sums = release_steps.with_all_keys(_collected_sums(bounded, plan, keys, key_schema), chosen, plan)
     elif mode == "private":
-        sums = _partition_sums(bounded, plan, keys, key_schema)
+        # released_count: every candidate's sums are drawn for; they may be too many for the driver.
+        frame, schema, names = _partition_sums(bounded, plan, keys, key_schema)
+        return (sums.rename(names) for sums in _in_key_order(frame, schema, keys)), bounded
     else:
-        sums = release_steps.with_all_keys(_partition_sums(bounded, plan, keys, key_schema),
+        sums = release_steps.with_all_keys(_collected_sums(bounded, plan, keys, key_schema),
                                            release_steps.public_keys(plan), plan)
-    return sums, bounded
+    return iter([sums.sort(release_steps.key_order(key_schema), nulls_last=True)]), bounded
+
+
+def _collected_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]
+                    ) -> pl.DataFrame:
+    """`_partition_sums` collected once, each sum named by its quantity id."""
+    frame, schema, names = _partition_sums(bounded, plan, keys, key_schema)
+    return _collect(frame, schema).rename(names)
 
 
 # --- executors: scan, bounding, aggregation ---------------------------------------------
@@ -607,20 +634,80 @@ def _partials(rows: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
     return by_unit.groupBy(*_cols([*plan.privacy_unit, *keys])).agg(*aggregations)
 
 
-def _unit_counts(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]) -> pl.DataFrame:
-    """Per partition, its privacy units after the first bounding (one row per kept pair in `bounded`)
-    and, for a weighted selection, the sum of their weights w(partitions each unit keeps)."""
+def _chosen_partitions(plan: QueryPlan, bounded: DataFrame, keys: list[str], key_schema: dict[str, Any],
+                       source: RandomSource) -> pl.DataFrame:
+    """The keys private partition selection keeps, drawn on the driver in key order, as the Polars
+    engine draws them; the driver holds a chunk of candidates at a time and the keys kept, never every
+    candidate (10^8 of them do not fit in a driver)."""
+    counts, schema = _unit_counts(bounded, plan, keys, key_schema)
+    return release_steps.chosen_in_key_order(plan, _in_key_order(counts, schema, keys), source)
+
+
+def _unit_counts(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]
+                 ) -> tuple[DataFrame, dict[str, Any]]:
+    """col : (partition keys, privacy units after the first bounding (one row per kept pair in `bounded`)
+    [, for a weighted selection, the sum of their weights w(partitions each unit keeps)]), and its Polars
+    schema."""
     from pyspark.sql import Window
 
     f = F()
     schema = {**key_schema, UNITS: pl.Int64}
     if not release_steps.weighs_units(plan):
-        return _collect(bounded.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS)), schema)
+        return bounded.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS)), schema
     kept = f.count(f.lit(1)).over(Window.partitionBy(*_cols(plan.privacy_unit)))
     weighed = bounded.withColumn(SELECTION_WEIGHTS, _unit_weight(kept))
     counts = weighed.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS),
                                                f.sum(SELECTION_WEIGHTS).alias(SELECTION_WEIGHTS))
-    return _collect(counts, {**schema, SELECTION_WEIGHTS: pl.Int64})
+    return counts, {**schema, SELECTION_WEIGHTS: pl.Int64}
+
+
+def _in_key_order(frame: DataFrame, schema: dict[str, Any], keys: list[str]) -> Iterator[pl.DataFrame]:
+    """The rows of `frame` on the driver in `release_steps.key_order`, as consecutive Polars frames of
+    the given types: collected whole and sorted by the driver when they are few, else sorted by Spark
+    and brought a partition at a time, so that the driver never holds more than a chunk of them."""
+    frame = frame.persist(_storage_level())
+    try:
+        rows = frame.count()
+        if rows <= WHOLE_CANDIDATES:
+            whole = _collect(frame, schema)
+            yield whole.sort(release_steps.key_order(whole.select(keys).schema), nulls_last=True)
+        else:
+            yield from _sorted_batches(frame, keys, schema, -(-rows // FETCH_ROWS))
+    finally:
+        frame.unpersist()
+
+
+def _sorted_batches(frame: DataFrame, keys: list[str], schema: dict[str, Any], partitions: int
+                    ) -> Iterator[pl.DataFrame]:
+    """`frame` sorted by `keys` (nulls last, as `release_steps.key_order`) into `partitions` ranges,
+    brought to the driver one range at a time (`toLocalIterator`), as Polars frames of the given types,
+    the first empty.
+
+    The number of ranges is set, not left to adaptive execution, which would join them up to its
+    advisory size and beyond what the driver may collect in one job (spark.driver.maxResultSize).
+    Each Arrow batch crosses as one binary value (Arrow IPC) made on the executors: a Row per
+    candidate would cost the driver 2.3 µs each to unpickle, five times the Arrow transfer.
+    """
+    import pyarrow
+
+    def packed(batches: Iterator[Any]) -> Iterator[Any]:
+        # Runs on an executor: only pyarrow is imported there, never dprun.
+        import pyarrow
+
+        for batch in batches:
+            sink = pyarrow.BufferOutputStream()
+            with pyarrow.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            ipc = pyarrow.array([sink.getvalue().to_pybytes()], pyarrow.binary())
+            yield pyarrow.RecordBatch.from_arrays([ipc], [IPC])
+
+    yield pl.DataFrame(schema=schema)
+    order = [_col(k).asc_nulls_last() for k in keys]
+    ordered = frame.repartitionByRange(partitions, *order).sortWithinPartitions(*order)
+    for row in ordered.mapInArrow(packed, f"{IPC} binary").toLocalIterator(prefetchPartitions=True):
+        batch = pl.from_arrow(pyarrow.ipc.open_stream(row[0]).read_all())
+        assert isinstance(batch, pl.DataFrame)
+        yield batch.select(_cast(batch, name, dtype) for name, dtype in schema.items())
 
 
 def _unit_weight(partitions: Column) -> Column:
@@ -679,8 +766,10 @@ def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str]
     return ranked.filter(f.col(RANK) <= plan.max_partitions).drop(HASH, RANK)
 
 
-def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]) -> pl.DataFrame:
-    """col : (partition keys, units, exact Int128 sum per quantity), collected once to the driver."""
+def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]
+                    ) -> tuple[DataFrame, dict[str, Any], dict[str, str]]:
+    """col : (partition keys, units, exact Int128 sum per quantity), its Polars schema, and the quantity
+    id of each sum's column (Spark's columns have plain names)."""
     f = F()
     aggregations = [f.count(f.lit(1)).alias(UNITS)]
     schema: dict[str, Any] = {**key_schema, UNITS: pl.Int64}
@@ -694,8 +783,7 @@ def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_sc
         column = f.count(f.lit(1)) if q.aggregate == "privacy_units" else f.sum(f.col(name).cast(EXACT))
         aggregations.append(column.cast(EXACT).alias(name))
         schema[name] = pl.Int128
-    sums = _collect(bounded.groupBy(*_cols(keys)).agg(*aggregations), schema)
-    return sums.rename(names)
+    return bounded.groupBy(*_cols(keys)).agg(*aggregations), schema, names
 
 
 def _leaf_weights(rows: DataFrame, quantity: Quantity, plan: QueryPlan, keys: list[str]) -> DataFrame:
@@ -743,15 +831,17 @@ def _int_div(numerator: Column, denominator: Column) -> Column:
 
 
 def _quantiles(
-    noisy: NoisyQuantity, plan: QueryPlan, rows: DataFrame, bounded: DataFrame, partitions: pl.DataFrame,
-    keys: list[str], source: RandomSource,
+    spark: SparkSession, noisy: NoisyQuantity, plan: QueryPlan, rows: DataFrame, bounded: DataFrame,
+    partitions: pl.DataFrame, keys: list[str], source: RandomSource,
 ) -> dict[float, np.ndarray]:
-    """Every level asked of one quantile quantity (a tree or candidates), answered on the driver."""
+    """Every level asked of one quantile quantity (a tree or candidates) for `partitions`, answered on the
+    driver from their leaves only."""
     f = F()
     quantity = noisy.quantity
     pair = [*plan.privacy_unit, *keys]
     # col : (partition keys, leaf, weight) of the (unit, partition) pairs that survived bounding
     weights = _semi(_leaf_weights(rows, quantity, plan, keys), bounded.select(*_cols(pair)), pair)
+    weights = _semi(weights, _to_spark(spark, partitions), keys)
     per_leaf = weights.groupBy(*_cols(keys), f.col(LEAF)).agg(f.sum(f.col(WEIGHT).cast(EXACT)).cast(EXACT).alias(WEIGHT))
     key_schema = dict(partitions.schema)
     leaf_weights = _collect(per_leaf, {**key_schema, LEAF: pl.Int64, WEIGHT: pl.Int128})
@@ -959,7 +1049,7 @@ def _spark_errors() -> Iterator[None]:
             raise
         if isinstance(exc, ImportError):
             raise SparkUnavailable(f"a package Spark needs is missing ({type(exc).__name__}): {INSTALL_HINT}") from None
-        limit = _driver_limit(exc)
+        limit = DRIVER_GONE if _driver_gone(exc) else _driver_limit(exc)
         if limit is not None:
             raise SparkDriverLimit(f"Spark could not run the query: {limit}; nothing was published") from None
         condition = _condition(exc)
@@ -980,6 +1070,13 @@ def _driver_limit(exc: BaseException) -> str | None:
     return next((advice for phrase, advice in DRIVER_LIMITS if phrase in text), None)
 
 
+def _driver_gone(exc: BaseException) -> bool:
+    """The driver's JVM no longer answers this process (it exited, most often out of memory)."""
+    from py4j.protocol import Py4JNetworkError
+
+    return isinstance(exc, ConnectionError | Py4JNetworkError)
+
+
 def _is_spark_error(exc: BaseException) -> bool:
     try:
         from pyspark.errors import PySparkException
@@ -992,7 +1089,7 @@ def _is_spark_error(exc: BaseException) -> bool:
         from py4j.protocol import Py4JError
     except ImportError:
         return False
-    return isinstance(exc, Py4JError)
+    return isinstance(exc, Py4JError | ConnectionError)
 
 
 def _condition(exc: BaseException) -> str | None:

@@ -34,7 +34,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip install 'dprun[spark]'")
 
 from dprun import api
-from dprun.engines import polars_engine, spark_engine
+from dprun.engines import polars_engine, release_steps, spark_engine
 from dprun.errors import DataError, DprunError
 from dprun.mechanisms import bound_choice
 from dprun.mechanisms.sampling import RandomSource
@@ -209,13 +209,23 @@ def mixed_spec(folder: Path) -> Path:
 
 
 def test_identical_tables_on_every_input_format_selection_mechanism_and_quantiles(
-    tmp_path: Path, spark: Any
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = mixed_data(np.random.default_rng(SEED + 1))
     data.write_parquet(tmp_path / "data.parquet")
     data.write_csv(tmp_path / "data.csv")  # NaN and ±inf as text
     data.write_ndjson(tmp_path / "data.ndjson")  # NaN and ±inf become null
+    # Candidates (and released_count's sums) come to Spark's driver in key order, 8 at a time (nulls
+    # among them); the empty query's are collected whole. Both engines draw 7 at a time.
+    monkeypatch.setattr(release_steps, "DRAW_CHUNK", 7)
+    monkeypatch.setattr(spark_engine, "WHOLE_CANDIDATES", 4)
+    monkeypatch.setattr(spark_engine, "FETCH_ROWS", 8)
+    streamed = []
+    stream = spark_engine._sorted_batches
+    monkeypatch.setattr(spark_engine, "_sorted_batches",
+                        lambda *args: streamed.append(args[1]) or stream(*args))  # type: ignore[func-returns-value]
     expected, actual = run_both(mixed_spec(tmp_path), spark)
+    assert sorted(streamed) == [["d", "g"], ["g"], ["g", "h"], ["h"], ["h", "g"]]
     assert min(table.height for name, table in expected.items() if name != "empty") > 0
     assert expected["empty"].height == 0
     assert_identical(expected, actual)
@@ -468,6 +478,20 @@ def test_a_driver_limit_says_which_setting_to_raise_and_no_more(java_text: str, 
     assert "secret-4711" not in caught.value.message and "MiB" not in caught.value.message
     with pytest.raises(DataError, match="check the input files"), spark_engine._spark_errors():
         raise Py4JError("An error occurred: secret-4711")
+
+
+@pytest.mark.parametrize("gone", ["ConnectionRefusedError", "Py4JNetworkError"])
+def test_a_driver_jvm_that_stops_answering_is_named_with_its_memory_setting(gone: str) -> None:
+    """What py4j raises once the driver's JVM has died (out of memory, at 10^7 candidates collected
+    whole in a local[*] session of 1 GB) is neither bad data nor an unreadable input file."""
+    from py4j.protocol import Py4JNetworkError
+
+    failure = ConnectionRefusedError(111, "Connection refused") if gone == "ConnectionRefusedError" else \
+        Py4JNetworkError("Error while sending or receiving")
+    with pytest.raises(spark_engine.SparkDriverLimit) as caught, spark_engine._spark_errors():
+        raise failure
+    assert "stopped answering" in caught.value.message and "spark.driver.memory" in caught.value.message
+    assert caught.value.exit_code == 2
 
 
 def test_a_bad_value_fails_the_run_without_showing_the_value(
