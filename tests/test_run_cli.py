@@ -609,3 +609,24 @@ def test_without_a_terminal_the_summary_shows_long_names_and_paths_whole(tmp_pat
         if command == "run":
             assert output in result.stdout, f"seed={seed}: the output path was cut:\n{result.stdout}"
         assert "…" not in result.stdout, f"seed={seed}: {command}: something was cut:\n{result.stdout}"
+
+
+def test_a_hive_partitioned_folder_releases_what_the_same_rows_in_one_file_release(tmp_path: Path) -> None:
+    """The layout Spark's partitioned writer makes (`shop=s3/…parquet` without the column, a `_SUCCESS`),
+    named by a file:// URL: the partition column is a column to group by and filter on, and the release
+    is the one of the same rows in a single file, under the same seed."""
+    seed = fresh_seed()
+    rows = visits(np.random.default_rng(seed)).select("uid", "day", "spend", "shop")
+    rows.write_parquet(tmp_path / "flat.parquet")
+    rows.lazy().sink_parquet(pl.PartitionBy(str(tmp_path / "visits"), key="shop", include_key=False), mkdir=True)
+    (tmp_path / "visits" / "_SUCCESS").write_text("")
+    assert not list((tmp_path / "visits").glob("*.parquet")), "the rows are in partition folders only"
+    released = {}
+    for name, path in (("flat", "flat.parquet"), ("hive", f"file://{tmp_path / 'visits'}")):
+        spec = write_spec(tmp_path, {"v": path}, [query(
+            "q", "v", f"out/{name}.csv", COUNT_AND_SUM, group_by=["shop"], partitions={"public": SHOPS[:6]},
+            l0=8, m=40, filter="shop != 's1'")], epsilon=4.0)
+        run_ok(spec, seed)
+        released[name] = pl.read_csv(tmp_path / "out" / f"{name}.csv")
+    assert released["hive"]["shop"].to_list() == SHOPS[:6], f"seed={seed}"
+    assert released["hive"].equals(released["flat"]), f"seed={seed}"

@@ -1,10 +1,12 @@
-"""Which files an input's `path` names: a file, a glob, or a `file://` URL of either.
+"""Which files an input's `path` names: a file, a folder, a glob, or a `file://` URL of any of these.
 
 Spark jobs write a folder of part files with marker files beside them (`_SUCCESS`,
-`_committed_…`, `.part-0.crc`); a glob over such a folder reads the part files only, as Spark's own
-file sources do (names beginning with `_` or `.` below the glob's fixed folder are skipped). URLs
-of other schemes (`s3a://`, `hdfs://`, …) are not files on this machine: `url_problem` says so in
-the spec's words, before anything is read.
+`_committed_…`, `.part-0.crc`); a folder or a glob over one reads the part files only, as Spark's
+own file sources do (names beginning with `_` or `.` below the folder, or the glob's fixed folder,
+are skipped). Files in Hive partition folders (`day=3/part-0.parquet`) carry those folders' values
+as columns (`partition_values`), as Spark's partition discovery reads them. URLs of other schemes
+(`s3a://`, `hdfs://`, …) are not files on this machine: `url_problem` says so in the spec's words,
+before anything is read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from urllib.parse import unquote
 # A URL's scheme: two or more characters before ":/" (one letter would be a Windows drive).
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 _LOCAL_HOSTS = ("", "localhost")
+# The folder name Hive and Spark write for a null partition value.
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 def url_scheme(path: str) -> str | None:
@@ -64,14 +68,36 @@ def _file_url(path: str) -> tuple[str, str]:
 
 
 def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
-    """The files an input's `path` names, sorted: the file itself, or every file its glob matches
-    except marker files (a name beginning with `_` or `.` below the glob's fixed folder)."""
+    """The files an input's `path` names, sorted: the file itself, or every file below the folder or
+    matched by the glob except marker files (a name beginning with `_` or `.` below the folder, or
+    the glob's fixed folder)."""
     full = local_pattern(path, base_dir)
-    if glob.has_magic(full):
-        root = _fixed_folder(full)
-        return tuple(sorted(Path(p) for p in glob.glob(full, recursive=True)
+    if glob.has_magic(full) or Path(full).is_dir():
+        pattern = full if glob.has_magic(full) else os.path.join(glob.escape(full), "**", "*")
+        root = str(partition_root(path, base_dir))
+        return tuple(sorted(Path(p) for p in glob.glob(pattern, recursive=True)
                             if Path(p).is_file() and not _is_marker(p, root)))
     return (Path(full),) if Path(full).is_file() else ()
+
+
+def partition_root(path: str, base_dir: Path) -> Path:
+    """The folder whose subfolders may be Hive partition folders: the folder `path` names, a glob's
+    fixed folder, or a single file's own folder (Spark's `basePath`)."""
+    full = local_pattern(path, base_dir)
+    if glob.has_magic(full):
+        return Path(_fixed_folder(full))
+    return Path(full) if Path(full).is_dir() else Path(full).parent
+
+
+def partition_values(file: Path, root: Path) -> list[tuple[str, str | None]] | None:
+    """The (column, value) of each Hive partition folder between `root` and `file`, outermost first,
+    as Spark reads them: split at the first `=`, percent-decoded, Hive's null folder as None. [] where
+    no folder between them is one; None where some are and some are not (Spark would take a part
+    of them only)."""
+    folders = file.relative_to(root).parts[:-1]
+    found = [(unquote(name), None if value == HIVE_NULL else unquote(value))
+             for name, equals, value in (folder.partition("=") for folder in folders) if equals and name]
+    return found if len(found) in (0, len(folders)) else None
 
 
 def _fixed_folder(pattern: str) -> str:

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Literal, TextIO
 import polars as pl
 
 from dprun.errors import DataError
-from dprun.spec.input_paths import local_path, local_pattern, resolve_paths, url_problem, url_scheme
+from dprun.spec.input_paths import (
+    local_path,
+    local_pattern,
+    partition_root,
+    partition_values,
+    resolve_paths,
+    url_problem,
+    url_scheme,
+)
 from dprun.spec.models import (
     CSV_OPTIONS,
     KINDS_WITH_VALUES,
@@ -80,13 +88,27 @@ class InputInfo:
     reading: InputSpec
     joins: tuple[Joined, ...] = ()
     base_dir: Path | None = None  # the spec's folder, which a relative `path` is relative to
+    # Columns from Hive partition folders (`day=3/`) below `partition_root`, outermost first.
+    partitions: tuple[str, ...] = ()
+    partition_root: Path | None = None
+
+    def partition_values(self, path: Path) -> list[tuple[str, str | None]]:
+        """One file's value of each partition column, as text (None: Hive's null folder)."""
+        assert self.partition_root is not None, "an input with partition columns"
+        found = partition_values(path, self.partition_root)
+        assert found is not None and [name for name, _ in found] == list(self.partitions), "checked by validate"
+        return found
 
     def shown(self, path: Path) -> str:
-        """One of the input's files as the spec names it: its `path` as written, or for a glob the
-        file relative to the spec's folder (absolute where the spec wrote an absolute path)."""
+        """One of the input's files as the spec names it: its `path` as written, or for a glob or a
+        folder the file relative to the spec's folder (absolute where the spec wrote an absolute path).
+        Partition folders' values are data: shown as `name=…`."""
         pattern = self.reading.path
-        if not glob.has_magic(pattern) and len(self.paths) == 1:
+        if not glob.has_magic(pattern) and len(self.paths) == 1 and not self.partitions:
             return pattern
+        if self.partition_root is not None:
+            masked = [f"{folder.partition('=')[0]}=…" for folder in path.relative_to(self.partition_root).parts[:-1]]
+            path = self.partition_root.joinpath(*masked, path.name)
         if self.base_dir is None or Path(pattern).is_absolute() or url_scheme(pattern) is not None:
             return str(path)
         return os.path.relpath(path, self.base_dir)
@@ -134,9 +156,16 @@ def scan(info: InputInfo) -> pl.LazyFrame:
     and its derived columns added (its joins are the engines' to run)."""
     types = info.reading.column_types()
     read_as = {name: (pl.String() if types.get(name) and _parsed(types[name]) else dtype)
-               for name, dtype in info.schema.items() if name not in info.reading.derive}
-    return with_derived(_typed(_scan(info.paths, info.format, info.reading, read_as), types),
-                        info.reading.derive)
+               for name, dtype in info.schema.items()
+               if name not in info.reading.derive and name not in info.partitions}
+    if info.partitions:
+        # Each file with its folders' values as text columns, which the spec's `columns` types as any text.
+        frame = pl.concat([_scan((path,), info.format, info.reading, read_as).with_columns(
+            pl.lit(value, dtype=pl.String).alias(name) for name, value in info.partition_values(path))
+            for path in info.paths], how="vertical")
+    else:
+        frame = _scan(info.paths, info.format, info.reading, read_as)
+    return with_derived(_typed(frame, types), info.reading.derive)
 
 
 def with_derived(frame: pl.LazyFrame, derive: dict[str, str]) -> pl.LazyFrame:
@@ -182,11 +211,12 @@ def query_schema(query: Query, info: InputInfo) -> dict[str, pl.DataType]:
 
 def read_schema(paths: tuple[Path, ...], fmt: str, reading: InputSpec,
                 value_columns: frozenset[str] = frozenset()) -> dict[str, pl.DataType]:
-    """The schema the engines read with, from declarations only: Parquet's footer types; a CSV
-    header's names, each column typed as the spec's `columns` says, else float64 where a metric
-    takes its values (`value_columns`), else text; an NDJSON input's `columns`. No data row is read."""
+    """The schema of the files (partition folders aside) the engines read with, from declarations only:
+    Parquet's footer types; a CSV header's names, each column typed as the spec's `columns` says, else
+    float64 where a metric takes its values (`value_columns`), else text; an NDJSON input's `columns`.
+    No data row is read."""
     if fmt == "parquet":
-        found = dict(pl.scan_parquet([str(p) for p in paths]).collect_schema())
+        found = dict(pl.scan_parquet([str(p) for p in paths], hive_partitioning=False).collect_schema())
     elif fmt == "csv":
         names = _scan(paths, fmt, reading).collect_schema()
         found = {name: pl.Float64() if name in value_columns else pl.String() for name in names}
@@ -202,7 +232,9 @@ def _scan(paths: tuple[Path, ...], fmt: str, reading: InputSpec,
     """The files read with `schema`; without one, a CSV file's columns named by its header, all text."""
     sources = [str(p) for p in paths]
     if fmt == "parquet":
-        return pl.scan_parquet(sources)
+        # Partition folders are read by `scan`, below the input's own folder only (Polars' would read
+        # every `name=value` folder of the path, from the root of the file system).
+        return pl.scan_parquet(sources, hive_partitioning=False)
     if fmt == "csv":
         return pl.scan_csv(sources, schema=schema, infer_schema=False, separator=reading.separator,
                            quote_char=reading.quote_char, null_values=reading.null_values or None,
@@ -279,19 +311,19 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
         if problem is not None:
             findings.append((at, problem))
             continue
-        folder = local_pattern(declared.path, base_dir)
-        if not glob.has_magic(folder) and Path(folder).is_dir():
-            suffix = declared.format or "parquet"
-            findings.append((at, f"'{declared.path}' is a folder; name its files with a glob, such as "
-                                 f"'{declared.path.rstrip('/')}/**/*.{suffix}'"))
-            continue
-        fmt = input_format(declared.path, declared.format)
+        paths = resolve_paths(declared.path, base_dir)
+        fmt = input_format(declared.path, declared.format) or _files_format(paths)
         if fmt is None:
             findings.append((at, "cannot tell the format from the suffix; set `format: csv | parquet | ndjson`"))
             continue
-        paths = resolve_paths(declared.path, base_dir)
         if not paths:
             findings.append((at, f"no file matches '{declared.path}' (relative to the spec file's folder)"))
+            continue
+        root = partition_root(declared.path, base_dir)
+        partitions = _partition_columns(paths, root)
+        if partitions is None:
+            findings.append((at, f"the files below '{declared.path}' are not all in partition folders of the same "
+                                 "columns (name=value folders, in the same order)"))
             continue
         misplaced = [option for option in CSV_OPTIONS if option in declared.model_fields_set]
         if fmt != "csv" and misplaced:
@@ -308,6 +340,14 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
             findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} "
                              "file, and do its reading options fit it?"))
             continue
+        # An NDJSON input's schema is its `columns`, which type the partition columns too.
+        twice = [column for column in partitions if column in schema and fmt != "ndjson"]
+        if twice:
+            findings.append((at, f"column '{twice[0]}' is both in the files and a partition folder's name"))
+            continue
+        types = declared.column_types()
+        schema |= {column: COLUMN_TYPES[types[column].type] if column in types else pl.String()
+                   for column in partitions}
         unknown = [column for column in declared.columns if column not in schema]
         if unknown:
             findings.append((("inputs", name, "columns", unknown[0]), f"column '{unknown[0]}' is not in the input"))
@@ -338,7 +378,8 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
         if twice:
             findings.append((at, f"the CSV header names column(s) {', '.join(twice)} more than once"))
             continue
-        infos[name] = InputInfo(name, paths, fmt, schema, declared, base_dir=base_dir)
+        infos[name] = InputInfo(name, paths, fmt, schema, declared, base_dir=base_dir, partitions=partitions,
+                                partition_root=root if partitions else None)
     for index, query in enumerate(spec.queries):
         info = infos.get(query.private_input)
         if info is not None and not isinstance(query.input, str):
@@ -352,6 +393,20 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
             if not public and query.partitions is not None and query.partitions.is_public:
                 findings += [(("queries", index, *path), msg) for path, msg in _public_key_types(query, base_dir, info)]
     return infos, read, findings
+
+
+def _files_format(paths: tuple[Path, ...]) -> str | None:
+    """The format all of a folder's files have by their suffix, or None (no files: None)."""
+    formats = {SUFFIX_FORMATS.get(path.suffix.lower()) for path in paths}
+    return formats.pop() if len(formats) == 1 else None
+
+
+def _partition_columns(paths: tuple[Path, ...], root: Path) -> tuple[str, ...] | None:
+    """The columns of the files' Hive partition folders below `root`, or None where the files differ."""
+    found = {tuple(name for name, _ in values) if (values := partition_values(path, root)) is not None else None
+             for path in paths}
+    columns = found.pop() if len(found) == 1 else None
+    return None if columns is None or len(set(columns)) < len(columns) else columns
 
 
 def _value_columns(spec: Spec) -> dict[str, frozenset[str]]:

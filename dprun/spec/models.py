@@ -116,7 +116,8 @@ class ColumnType(Strict):
 
 
 class InputSpec(Strict):
-    path: PathText = Field(description="A file or a glob; relative to the spec file.")
+    path: PathText = Field(description="A file, a folder (Hive partition folders give columns) or a glob, or a "
+                                       "file:// URL of one; relative to the spec file.")
     format: Literal["csv", "parquet", "ndjson"] | None = None
     separator: str = Field(default=",", min_length=1, max_length=1, description="CSV: the field separator.")
     quote_char: str | None = Field(default='"', min_length=1, max_length=1,

@@ -52,6 +52,8 @@ def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool =
     only after Polars has failed on a value, to say where (`validate` on its sample)."""
     for path in info.paths:
         shown = info.shown(path)
+        if info.partitions:
+            _check_partition_values(path, shown, info)
         try:
             if info.format == "csv":
                 _check_csv(path, shown, info, limit, every_value)
@@ -234,10 +236,25 @@ def _check_parquet_pages(path: Path, shown: str) -> None:
                         "write the file again (nothing was counted)") from None
 
 
+def _check_partition_values(path: Path, shown: str, info: InputInfo) -> None:
+    """Each partition folder's value converts to the type the spec gives its column."""
+    types = info.reading.column_types()
+    for name, value in info.partition_values(path):
+        kind = types.get(name)
+        if kind is None or value is None:
+            continue
+        converted = pl.select(typed(pl.lit(value, dtype=pl.String), kind, strict=False)).item()
+        if converted is None:
+            raise DataError(f"{shown}: partition folder '{name}' holds a value that does not convert to "
+                            f"{_described(kind)}; fix the folder's name or the type in `columns` (nothing was counted)")
+
+
 def _check_parquet_types(path: Path, shown: str, info: InputInfo) -> None:
     """Each column the spec types converts to that type in this file (a Parquet file has
-    its own types; only a `columns` type can fail on a value)."""
+    its own types; only a `columns` type can fail on a value). Partition columns: above."""
     for name, kind in info.reading.column_types().items():
+        if name in info.partitions:
+            continue
         try:
             pl.scan_parquet(path).select(typed(pl.col(name), kind)).collect(engine="streaming")
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException):

@@ -231,6 +231,38 @@ def test_identical_tables_on_every_input_format_selection_mechanism_and_quantile
     assert_identical(expected, actual)
 
 
+def test_a_hive_partitioned_folder_read_through_a_file_url_groups_by_its_partition_columns(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Spark's layout: part files in `day=…/city=…` folders (a value with an escaped `/`, Hive's null
+    folder), a marker file, the folder named by a file:// URL; `day` typed by the spec, `city` text."""
+    data = mixed_data(np.random.default_rng(SEED + 2), units=600)
+    folder = tmp_path / "visits"
+    for day, city in [(0, "a%2Fb"), (0, "__HIVE_DEFAULT_PARTITION__"), (1, "a%2Fb"), (2, "c d")]:
+        (folder / f"day={day}" / f"city={city}").mkdir(parents=True)
+        part = data.filter(pl.col("g") % 4 == day + (city == "c d")).select("uid", "x")
+        part.write_parquet(folder / f"day={day}" / f"city={city}" / "part-00000.parquet")
+    (folder / "_SUCCESS").write_text("")
+    spec = {
+        "version": 1, "name": "hive", "privacy_unit": "uid", "budget": {"epsilon": 20.0, "delta": 1e-5},
+        "inputs": {"v": {"path": f"file://{folder}/", "columns": {"day": "int64"}}},
+        "queries": [{"name": "q", "input": "v", "group_by": ["day", "city"], "filter": "day < 2",
+                     # Every unit within L0 partitions: both engines keep the same pairs (see the module's notes).
+                     "contribution_bounds": {"max_partitions_contributed": 4, "max_contributions_per_partition": 3},
+                     "partitions": {"selection": "laplace_threshold"},
+                     "metrics": [{"name": "n", "kind": "count"}, {"name": "s", "kind": "sum", "column": "x",
+                                                                  "bounds": [-10, 70]}],
+                     "output": {"path": "out/q.parquet"}}],
+        "report": "out/report.json",
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    expected, actual = run_both(tmp_path / "spec.json", spark)
+    assert expected["q"].select("day", "city").sort("day", "city", nulls_last=True).rows() == [
+        (0, "a/b"), (0, None), (1, "a/b")]
+    assert expected["q"].schema["day"] == pl.Int64 and expected["q"].schema["city"] == pl.String
+    assert_identical(expected, actual)
+
+
 def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spark: Any) -> None:
     from test_joins import write  # noqa: PLC0415 - the join test's spec, with a key the lookup lacks
 

@@ -787,9 +787,9 @@ SCHEMA_CASES: dict[str, tuple[str, list[Expect]]] = {
         edit(("    path: visits.csv\n", "    path: file://server/visits.csv\n")),
         [Expect(9, "inputs.visits.path", "'file://server/visits.csv' names a file on another host")],
     ),
-    "input_folder": (
+    "input_folder_of_mixed_files": (
         edit(("    path: visits.csv\n", "    path: .\n")),
-        [Expect(9, "inputs.visits.path", "'.' is a folder; name its files with a glob, such as './**/*.parquet'")],
+        [Expect(9, "inputs.visits.path", "cannot tell the format from the suffix; set `format:")],
     ),
     "input_suffix_unknown": (
         edit(("    path: visits.csv\n", "    path: visits.txt\n")),
@@ -932,12 +932,62 @@ def test_an_input_may_be_a_file_url_and_its_glob_skips_spark_marker_files(tmp_pa
     (parts / ".part-0.csv.crc").write_text("crc")
     (parts / "_temporary" / "part-2.csv").write_text("x,y\n1,2\n")
     for path in (f"file://{parts}/**/*", "out/visits/**/*", f"file://{quote(str(parts))}/part-?.csv",
-                 f"file:{parts}/part-*"):
+                 f"file:{parts}/part-*", "out/visits", f"file://{parts}/"):
         spec = tmp_path / "spec.yaml"
         spec.write_text(edit(("    path: visits.csv\n", f"    path: \"{path}\"\n    format: csv\n")))
         validated = validate_spec(spec)
         assert validated.inputs["visits"].paths == (parts / "part-0.csv", parts / "part-1.csv"), path
         assert invoke("validate", str(spec)).exit_code == 0
+
+
+def hive_folder(tmp_path: Path, folders: list[str]) -> Path:
+    """Spark's layout: the visits in partition folders below `visits/`, with its marker file."""
+    for folder in folders:
+        (tmp_path / "visits" / folder).mkdir(parents=True)
+        (tmp_path / "visits" / folder / "part-0.csv").write_text(VISITS_CSV)
+    (tmp_path / "visits" / "_SUCCESS").write_text("")
+    return tmp_path / "visits"
+
+
+@pytest.mark.parametrize("declared", ["", "    columns: {month: int64}\n"])
+def test_partition_folders_are_columns_typed_by_the_spec_else_text(tmp_path: Path, declared: str) -> None:
+    write_inputs(tmp_path)
+    folder = hive_folder(tmp_path, ["month=10/country=fr", "month=11/country=__HIVE_DEFAULT_PARTITION__"])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(edit(("    path: visits.csv\n", f"    path: file://{folder}/\n{declared}")))
+    info = validate_spec(spec).inputs["visits"]
+    assert info.partitions == ("month", "country") and info.format == "csv"
+    assert info.schema["month"] == (pl.Int64 if declared else pl.String) and info.schema["country"] == pl.String
+    assert info.partition_values(info.paths[1]) == [("month", "11"), ("country", None)]
+
+
+@pytest.mark.parametrize(("folders", "fragment"), [
+    (["month=10", "other"], "are not all in partition folders of the same columns"),
+    (["month=10/country=fr", "country=fr/month=11"], "are not all in partition folders of the same columns"),
+    (["weekday=Thu"], "column 'weekday' is both in the files and a partition folder's name"),
+])
+def test_partition_folders_that_spark_would_read_otherwise_are_refused(
+    tmp_path: Path, folders: list[str], fragment: str
+) -> None:
+    write_inputs(tmp_path)
+    hive_folder(tmp_path, folders)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(edit(("    path: visits.csv\n", "    path: visits\n")))
+    check_everywhere(spec, [Expect(9, "inputs.visits.path", fragment)])
+
+
+def test_a_partition_value_of_the_wrong_type_is_named_by_its_folder_not_shown(tmp_path: Path) -> None:
+    write_inputs(tmp_path)
+    folder = hive_folder(tmp_path, ["month=10", "month=SECRET-99"])  # a value is data, a file name is not
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(edit(("    path: visits.csv\n", "    path: visits\n    columns: {month: int64}\n")))
+    result = invoke("validate", str(spec))
+    assert result.exit_code == 1, result.output
+    assert ("inputs.visits.path: visits/month=…/part-0.csv: partition folder 'month' holds a value that does not "
+            "convert to int64") in result.stderr
+    assert "SECRET" not in result.output
+    (folder / "month=SECRET-99").rename(folder / "month=11")
+    assert invoke("validate", str(spec)).exit_code == 0
 
 
 def test_spec_relative_paths_do_not_depend_on_the_working_directory(
