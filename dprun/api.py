@@ -279,7 +279,7 @@ def profile(
             assert query.bound_choice is not None, "every bound is auto"
             choice = replace(query.bound_choice, epsilon=share)
             query = replace(query, bound_choice=choice)
-            with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch)):
+            with _scratch_folder() as scratch, _query_failures(validated, query, Path(scratch), spark):
                 noisy, chosen = _bounds_from_data(as_auto, the_plan, query, index, source, spark, Path(scratch))
             bounds = validated.spec.queries[index].contribution_bounds
             metrics = validated.spec.queries[index].metrics
@@ -400,7 +400,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
                 progress(f"choosing the contribution bounds of query {query.name}")
             workdir = Path(scratch) / f"profile-{index}"
             workdir.mkdir()
-            with _query_failures(validated, query, workdir):
+            with _query_failures(validated, query, workdir, spark):
                 the_plan = _with_bounds_chosen(validated, the_plan, index, source, spark, workdir)
         for index, query in enumerate(the_plan.queries):
             if checkpoint is not None:
@@ -409,7 +409,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
                 progress(f"running query {query.name}")
             workdir = Path(scratch) / str(index)
             workdir.mkdir()
-            with _query_failures(validated, query, workdir):
+            with _query_failures(validated, query, workdir, spark):
                 info = validated.query_inputs[query.name]
                 if spark is not None:
                     released = spark_engine.run_query(query, info, source, spark)
@@ -423,7 +423,7 @@ def _execute(validated: ValidatedSpec, the_plan: Plan, overwrite: bool, engine: 
 
 
 @contextmanager
-def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -> Iterator[None]:
+def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path, spark: Any = None) -> Iterator[None]:
     """A query's failures as dprun errors that name no data value."""
     from dprun.engines.polars_steps import run_failure
 
@@ -433,10 +433,17 @@ def _query_failures(validated: ValidatedSpec, query: QueryPlan, workdir: Path) -
         # Reading an input (removed since validation?) or writing scratch files.
         raise run_failure(exc, workdir) from None
     except (DataError, pl.exceptions.PanicException) as exc:
-        # Polars stopped at a value without saying where, or panicked on a corrupt file rather
-        # than raising: find the input at fault, then say so.
+        # Polars or Spark stopped at a value without saying where, or Polars panicked on a corrupt
+        # file rather than raising: find the input at fault, then say so. After Spark, the
+        # executors find the files at fault and this machine reads those only.
         for name in query.inputs:
-            check_rows(validated.inputs[name], every_value=True)
+            info = validated.inputs[name]
+            if spark is None:
+                check_rows(info, every_value=True)
+            else:
+                from dprun.engines import spark_engine
+
+                check_rows(info, every_value=True, paths=spark_engine.files_with_bad_values(info, spark))
         if isinstance(exc, DataError):
             raise
         raise DprunError(

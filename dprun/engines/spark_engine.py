@@ -56,6 +56,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from decimal import Decimal
+from pathlib import Path
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
+from dprun.spec.input_paths import local_path, url_scheme
 from dprun.spec.input_schema import InputInfo, derived_schema, lookup_table
 from dprun.spec.row_expressions import row_filter
 
@@ -113,6 +115,7 @@ CAPPED = "__dprun_capped_{}__"
 KEPT = "__dprun_kept_{}__"
 VALUE_CELL = "__dprun_value_cell__"
 IPC = "__dprun_arrow_ipc__"
+CORRUPT = "__dprun_corrupt__"
 # Up to this many candidates of a private selection (or their sums) are collected whole (about 100 MB
 # of Arrow at 20-byte keys); more are streamed to the driver in key order (`_in_key_order`).
 WHOLE_CANDIDATES = 1 << 22
@@ -884,6 +887,48 @@ def _scan_files(spark: SparkSession, info: InputInfo) -> DataFrame:
             frame = frame.withColumn(name, _col(name).cast(kind))
         return frame.select(*[_col(name).alias(name) for name in [*schema, *info.partitions]])
     return reader.schema(_spark_schema(schema)).option("mode", "FAILFAST").json(paths)
+
+
+def files_with_bad_values(info: InputInfo, spark: SparkSession) -> list[Path]:
+    """The files of a CSV or NDJSON input in which Spark finds a row it cannot read as the schema says
+    (a malformed row, or a typed, numeric or Boolean column's text that does not convert), in the
+    input's order; [] for Parquet. A search on the executors, after Spark failed on a value: the
+    driver then looks for the line in these files only (`strict_rows.check_rows`), never in all."""
+    if info.format == "parquet":
+        return []
+    f = F()
+    typed = {name: _spark_type(dtype) for name, dtype in info.schema.items()
+             if name not in info.reading.derive and name not in info.partitions
+             and (dtype.is_numeric() or dtype == pl.Boolean)}
+    text = {name: pl.String for name, dtype in info.schema.items()
+            if name not in info.reading.derive and name not in info.partitions}
+    reader = spark.read.schema(_spark_schema(text).add(CORRUPT, "string")).option("mode", "PERMISSIVE") \
+        .option("columnNameOfCorruptRecord", CORRUPT)
+    if info.format == "csv":
+        rows = reader.options(**_spark_csv_options(info)).option("enforceSchema", not info.reading.has_header) \
+            .csv([str(p) for p in info.paths])
+    else:
+        rows = reader.json([str(p) for p in info.paths])
+    bad = reduce(lambda a, b: a | b, [_col(name).isNotNull() & _try_cast(_col(name), kind).isNull()
+                                      for name, kind in typed.items()], f.col(CORRUPT).isNotNull())
+    try:
+        found = {_local_file(row[0]) for row in rows.where(bad).select(f.input_file_name()).distinct().collect()}
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        return []  # the search failed too: the run's own failure is what is said
+    return [path for path in info.paths if path.resolve() in found]
+
+
+def _try_cast(column: Column, kind: Any) -> Column:
+    """The value as `kind`, null where it does not convert (pyspark < 4: a cast, which does that
+    unless ANSI mode is on)."""
+    return column.try_cast(kind) if hasattr(column, "try_cast") else column.cast(kind)
+
+
+def _local_file(uri: str) -> Path:
+    """A file of this machine from the URI Spark names it by."""
+    return local_path(uri, Path("/")).resolve() if url_scheme(uri) else Path(uri).resolve()
 
 
 def refuse_unreadable(info: InputInfo) -> None:

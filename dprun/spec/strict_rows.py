@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import TextIO
@@ -43,14 +43,15 @@ _FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf
 _BOOLEAN = re.compile(r"\s*(true|false)\s*", re.IGNORECASE)
 
 
-def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool = False) -> None:
+def check_rows(info: InputInfo, limit: int | None = None, *, every_value: bool = False,
+               paths: Iterable[Path] | None = None) -> None:
     """Raise DataError at the first malformed row of a CSV or NDJSON input (of its first
-    `limit` rows per file, if given); Parquet passes.
+    `limit` rows per file, if given; of the files in `paths` only, if given); Parquet passes.
 
     Values are checked in the columns the spec types; with `every_value` also in those
     the schema reads as numbers or booleans otherwise (a metric's float64), which costs about five times as long: `run` does that
     only after Polars has failed on a value, to say where (`validate` on its sample)."""
-    for path in info.paths:
+    for path in info.paths if paths is None else paths:
         shown = info.shown(path)
         if info.partitions:
             _check_partition_values(path, shown, info)

@@ -527,15 +527,18 @@ def test_a_driver_jvm_that_stops_answering_is_named_with_its_memory_setting(gone
 
 
 def test_a_bad_value_fails_the_run_without_showing_the_value(
-    tmp_path: Path, spark: Any, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, spark: Any, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past the rows Polars infers the schema from, one value does not parse: exit 3, and no trace of it."""
-    values = [f"{i / 4}" for i in range(1500)]
-    values[1200] = "secret-4711"
-    pl.DataFrame({"uid": range(1500), "x": values}).write_csv(tmp_path / "data.csv")
+    """Past the rows Polars infers the schema from, one value of one of three files does not parse:
+    exit 3, and no trace of it. The executors find the file; the driver reads that file only."""
+    values = [f"{i / 4}" for i in range(4500)]
+    values[4200] = "secret-4711"
+    data = pl.DataFrame({"uid": range(4500), "x": values})
+    for part in range(3):
+        data.slice(part * 1500, 1500).write_csv(tmp_path / f"data-{part}.csv")
     spec = {
         "version": 1, "name": "bad", "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 0.0},
-        "inputs": {"d": {"path": "data.csv"}},
+        "inputs": {"d": {"path": "data-*.csv"}},
         "queries": [{"name": "q", "input": "d",
                      "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
                      "metrics": [{"name": "s", "kind": "sum", "column": "x", "bounds": [0, 10]}],
@@ -543,11 +546,16 @@ def test_a_bad_value_fails_the_run_without_showing_the_value(
         "report": "out/report.json",
     }
     (tmp_path / "spec.yaml").write_text(json.dumps(spec))
+    read: list[Any] = []
+    check = api.check_rows
+    monkeypatch.setattr(api, "check_rows", lambda info, limit=None, **options: read.append(
+        (options.get("paths"), options.get("every_value"))) or check(info, limit, **options))
     with pytest.raises(DataError) as failure:
         api.run(tmp_path / "spec.yaml", seed=1, engine="spark", spark_options={"master": "local[2,2]"})
     assert failure.value.exit_code == 3
-    # Spark stops at the value (CAST_INVALID_INPUT); dprun then finds its line and column.
-    assert "data.csv: line 1202: column 'x' does not parse as float64" in failure.value.message
+    # Spark stops at the value (CAST_INVALID_INPUT); dprun then finds its file, line and column.
+    assert "data-2.csv: line 1202: column 'x' does not parse as float64" in failure.value.message
+    assert [paths for paths, every_value in read if every_value] == [[tmp_path / "data-2.csv"]]
     captured = capfd.readouterr()
     assert "secret-4711" not in failure.value.message + captured.out + captured.err
     assert not (tmp_path / "out").exists()
