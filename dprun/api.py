@@ -50,12 +50,15 @@ from dprun.ledger.spend import Spend
 from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of, write_whole
 from dprun.spec import ValidatedSpec, validate_spec
+from dprun.spec.input_schema import Located
+from dprun.spec.models import InputSpec
 from dprun.spec.rules import ledger_file_problem, report_files
 from dprun.spec.strict_rows import check_rows
 from dprun.small_files import loads_json, read_small_file
 from dprun.verify import MAX_REPORT_BYTES, Verified, sha256_of, verify_release
 
 if TYPE_CHECKING:
+    from dprun.engines.spark_engine import SparkInputReader
     from dprun.mechanisms.bound_choice import ChosenBounds, NoisyShape
     from dprun.mechanisms.sampling import RandomSource
     from dprun.plan import Plan, QueryPlan
@@ -109,15 +112,46 @@ class RunResult:
     ledger_status: ledger_entries.Status | None = None  # the dataset's spend, this release included
 
 
-def validate(spec_path: str | Path) -> ValidatedSpec:
+def validate(spec_path: str | Path, engine: str = "polars", spark_options: dict[str, Any] | None = None,
+             progress: Progress | None = None) -> ValidatedSpec:
+    """The spec checked against its inputs' schemas, reading no data row. With `engine="spark"`, an
+    input named by a URL (`s3a://`, `hdfs://`, `file://`, …) is listed and its schema read by Spark
+    (a session from `spark_options`, started only for such an input); the Polars engine refuses one
+    of another scheme than `file:`."""
+    if engine not in ENGINES:
+        raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
     try:
-        return validate_spec(Path(spec_path))
+        return validate_spec(Path(spec_path), _SparkInputsOnDemand(spark_options, progress) if engine == "spark"
+                             else None)
     except SpecError as error:
         # A scaffold from `dprun init` fails until its FILL_IN placeholders are filled: say so plainly.
         found = scaffold_mod.explain_placeholders(Path(spec_path), error.problems())
         if found == error.problems():
             raise
         raise SpecError(found) from None
+
+
+class _SparkInputsOnDemand:
+    """`SparkInputs` whose Spark session starts at the first input that needs it."""
+
+    def __init__(self, options: dict[str, Any] | None, progress: Progress | None) -> None:
+        self.options = options
+        self.progress = progress
+        self.started: SparkInputReader | None = None
+
+    def _reader(self) -> SparkInputReader:
+        if self.started is None:
+            from dprun.engines.spark_engine import SparkInputReader
+
+            self.started = SparkInputReader(_spark(self.options, self.progress))
+        return self.started
+
+    def locate(self, declared: InputSpec) -> Located | str:
+        return self._reader().locate(declared)
+
+    def file_schema(self, located: Located, declared: InputSpec, value_columns: frozenset[str]
+                    ) -> dict[str, pl.DataType] | str:
+        return self._reader().file_schema(located, declared, value_columns)
 
 
 def plan(validated: ValidatedSpec) -> Plan:
@@ -205,9 +239,7 @@ def run(
     """
     from dprun.mechanisms.sampling import RandomSource
 
-    if engine not in ENGINES:
-        raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
-    validated = validate(spec_path)
+    validated = validate(spec_path, engine, spark_options, progress)
     the_plan = plan(validated)
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
     release_id = secrets.token_hex(8)
@@ -252,9 +284,7 @@ def profile(
 
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise DprunError(f"the profile's epsilon must be a finite number above 0, not {epsilon}")
-    if engine not in ENGINES:
-        raise DprunError(f"unknown engine '{engine}': use one of {', '.join(ENGINES)}")
-    validated = validate(spec_path)
+    validated = validate(spec_path, engine, spark_options, progress)
     as_auto = _every_bound_auto(validated)
     the_plan = plan(as_auto)
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)

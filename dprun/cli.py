@@ -90,11 +90,13 @@ def cli() -> None:
 @cli.command()
 @spec_argument
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
-def validate(spec: Path, fmt: str) -> None:
+@engine_options("inputs named by a URL are listed and their schemas read")
+def validate(spec: Path, fmt: str, engine: str, spark_master: str | None, spark_remote: str | None,
+             spark_conf: tuple[str, ...]) -> None:
     """Check the spec and the input schemas, without reading data rows."""
     from dprun import api
 
-    api.validate(spec)
+    api.validate(spec, engine, _spark_options(engine, spark_master, spark_remote, spark_conf))
     if fmt == "json":
         click.echo(json.dumps({"ok": True, "problems": []}))
     else:
@@ -105,7 +107,9 @@ def validate(spec: Path, fmt: str) -> None:
 @spec_argument
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "html"]), default="text", show_default=True)
 @ledger_option
-def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
+@engine_options("inputs named by a URL are listed and their schemas read")
+def explain_budget(spec: Path, fmt: str, ledger: str | None, engine: str, spark_master: str | None,
+                   spark_remote: str | None, spark_conf: tuple[str, ...]) -> None:
     """Show how the budget is spent and how accurate each number will be; reads no data rows.
 
     With a ledger, also what the spec's dataset has spent so far and what remains.
@@ -114,7 +118,7 @@ def explain_budget(spec: Path, fmt: str, ledger: str | None) -> None:
     from dprun import api
     from dprun.render import explanation_markdown, ledger_status_lines, print_explanation
 
-    validated = api.validate(spec)
+    validated = api.validate(spec, engine, _spark_options(engine, spark_master, spark_remote, spark_conf))
     if fmt == "html":
         click.echo(api.explain_card(validated), nl=False)
         return

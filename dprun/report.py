@@ -288,8 +288,16 @@ def _ratio_std(kind: str, stds: list[float], half: float, rows: int) -> float:
 
 
 def input_fingerprints(inputs: dict[str, InputInfo]) -> list[dict[str, Any]]:
+    """Each input file's fingerprint, for the ledger (private): its content's (`file_fingerprint`), or
+    for a file Spark listed (an input named by a URL), its name, size and modification time as Spark's
+    file system gave them when the spec was validated (reading it from here is what a URL avoids)."""
+    listed = [
+        {"name": info.name, "format": info.format, "path": url, "bytes": size,
+         "sha256": hashlib.sha256(f"spark-listing:{url}:{size}:{modified}".encode()).hexdigest()}
+        for info in inputs.values() for url, size, modified in info.listing
+    ]
     try:
-        return [
+        return listed + [
             {"name": info.name, "format": info.format, "path": str(path), "bytes": path.stat().st_size,
              "sha256": file_fingerprint(path, info.format)}
             for info in inputs.values() for path in info.paths

@@ -47,6 +47,7 @@ part of it), so `spark_session(remote="sc://...")` works as well as a classic se
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import re
@@ -56,7 +57,8 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from decimal import Decimal
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
@@ -72,8 +74,20 @@ from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.spec.input_paths import local_path, url_scheme
-from dprun.spec.input_schema import InputInfo, derived_schema, lookup_table
+from dprun.spec.input_paths import local_path, url_problem, url_scheme
+from dprun.spec.input_schema import (
+    COLUMN_TYPES,
+    FORMAT_UNKNOWN,
+    InputInfo,
+    Located,
+    derived_schema,
+    files_format,
+    input_format,
+    lookup_table,
+    partition_columns,
+    partitions_differ,
+)
+from dprun.spec.models import InputSpec
 from dprun.spec.row_expressions import row_filter
 
 if TYPE_CHECKING:
@@ -869,10 +883,12 @@ def _scan(spark: SparkSession, info: InputInfo) -> DataFrame:
 
 
 def _scan_files(spark: SparkSession, info: InputInfo) -> DataFrame:
-    paths = [str(p) for p in info.paths]
+    """The input's files (a URL's: Spark finds them, `SparkInputReader`), with their partition folders' columns."""
+    paths = [info.url] if info.url is not None else [str(p) for p in info.paths]
     schema = {name: dtype for name, dtype in info.schema.items()
               if name not in info.reading.derive and name not in info.partitions}
-    reader = spark.read if info.partition_root is None else spark.read.option("basePath", str(info.partition_root))
+    base = info.url_base if info.url is not None else info.partition_root
+    reader = spark.read if base is None else spark.read.option("basePath", str(base))
     if info.format == "parquet":
         return reader.parquet(*paths)
     if info.format == "csv":
@@ -889,13 +905,150 @@ def _scan_files(spark: SparkSession, info: InputInfo) -> DataFrame:
     return reader.schema(_spark_schema(schema)).option("mode", "FAILFAST").json(paths)
 
 
+class SparkInputReader:
+    """`input_schema.SparkInputs` for `--engine spark`: an input named by a URL (`s3a://`, `gs://`,
+    `abfss://`, `hdfs://`, `dbfs:/`, `file://`, …) is listed and its schema read by Spark, on the
+    cluster's file systems with the cluster's connectors and credentials; nothing is read on this
+    machine. The schema comes from declarations only, as `input_schema.read_schema`'s: a Parquet
+    footer (Spark reads one), a CSV header (every column text, no type inference), an NDJSON
+    input's `columns`; partition folders' columns are text unless `columns` types them."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    def locate(self, declared: InputSpec) -> Located | str:
+        url = declared.path
+        problem = url_problem(url)
+        if problem is not None and url_scheme(url) == "file":
+            return problem
+        base = _glob_base(url)
+        reader = self.spark.read if base is None else self.spark.read.option("basePath", base)
+        try:
+            files = tuple(sorted(reader.format("text").load(url).inputFiles()))
+        except Exception as exc:
+            if not _is_spark_error(exc):
+                raise
+            return (f"Spark cannot list '{url}' ({_spark_failure(exc)}); is the URL right, and does Spark have the "
+                    "file system's connector and credentials?")
+        if not files:
+            return f"no file matches '{url}' (listed by Spark)"
+        fmt = input_format(url, declared.format) or files_format(PurePosixPath(_url_path(f)) for f in files)
+        if fmt is None:
+            return FORMAT_UNKNOWN
+        root = PurePosixPath(_url_path(base or url.rstrip("/")))
+        in_folder = _is_folder(files, url, base)
+        partitions = partition_columns((PurePosixPath(_url_path(f)) for f in files), root) if in_folder else ()
+        if partitions is None:
+            return partitions_differ(url)
+        return Located(fmt, partitions, url=url, url_base=base, listing=self._listing(files))
+
+    def file_schema(self, located: Located, declared: InputSpec, value_columns: frozenset[str]
+                    ) -> dict[str, pl.DataType] | str:
+        assert located.url is not None
+        types = declared.column_types()
+        if located.fmt == "ndjson":
+            return {name: COLUMN_TYPES[kind.type] for name, kind in types.items() if name not in located.partitions}
+        reader = self.spark.read.option("recursiveFileLookup", "true")  # the files' own columns only
+        try:
+            if located.fmt == "parquet":
+                fields = reader.parquet(located.url).schema.fields
+            else:
+                fields = reader.options(**_csv_options(declared)).csv(located.url).schema.fields
+        except Exception as exc:
+            if not _is_spark_error(exc):
+                raise
+            return (f"Spark cannot read the {located.fmt} schema ({_spark_failure(exc)}); is the file a valid "
+                    f"{located.fmt} file, and do its reading options fit it?")
+        if located.fmt == "csv":
+            found: dict[str, pl.DataType] = {
+                f.name: pl.Float64() if f.name in value_columns else pl.String() for f in fields}
+        else:
+            found = {}
+            for field in fields:
+                dtype = _polars_type(field.dataType)
+                if dtype is None:
+                    return (f"column '{field.name}' has a type the Spark engine does not read "
+                            f"({field.dataType.simpleString()})")
+                found[field.name] = dtype
+        return found | {name: COLUMN_TYPES[kind.type] for name, kind in types.items() if name in found}
+
+    def _listing(self, files: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
+        """Each file with its size and modification time from the file system (a classic session's
+        Hadoop API; over Spark Connect, its name only)."""
+        jvm = getattr(self.spark, "_jvm", None)
+        if jvm is None:
+            return tuple((name, -1, -1) for name in files)
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
+        listed = []
+        for name in files:
+            path = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(name))  # a URI: its `%` escapes are decoded
+            status = path.getFileSystem(conf).getFileStatus(path)
+            listed.append((name, int(status.getLen()), int(status.getModificationTime())))
+        return tuple(listed)
+
+
+def _glob_base(url: str) -> str | None:
+    """A glob URL's folder up to its first wildcard (Spark's `basePath` for its partition folders), else None."""
+    if not glob.has_magic(url):
+        return None
+    head = url[:min(url.index(c) for c in "*?[" if c in url)]
+    return head[:head.rindex("/")] if "/" in head else head
+
+
+def _is_folder(files: tuple[str, ...], url: str, base: str | None) -> bool:
+    """Whether the URL names a folder or a glob (a single file has no partition folders of its own)."""
+    return base is not None or len(files) > 1 or _url_path(files[0]).rstrip("/") != _url_path(url).rstrip("/")
+
+
+def _url_path(url: str) -> str:
+    """The path of a URL, decoded once (Spark's file URLs encode a partition value's `%` as `%25`)."""
+    return unquote(urlsplit(url).path if url_scheme(url) else url)
+
+
+def _polars_type(spark_type: Any) -> pl.DataType | None:
+    """The Polars type the engines work with for a Spark column type, or None where there is none."""
+    from pyspark.sql import types as T
+
+    simple: dict[type, pl.DataType] = {
+        T.BooleanType: pl.Boolean(), T.ByteType: pl.Int8(), T.ShortType: pl.Int16(), T.IntegerType: pl.Int32(),
+        T.LongType: pl.Int64(), T.FloatType: pl.Float32(), T.DoubleType: pl.Float64(), T.StringType: pl.String(),
+        T.DateType: pl.Date(), T.TimestampNTZType: pl.Datetime("us"), T.TimestampType: pl.Datetime("us", "UTC"),
+    }
+    if isinstance(spark_type, T.DecimalType):
+        return pl.Decimal(spark_type.precision, spark_type.scale)
+    return simple.get(type(spark_type))
+
+
+def _csv_options(declared: InputSpec) -> dict[str, str]:
+    """`_spark_csv_options` of an input as the spec declares it."""
+    options = {"header": str(declared.has_header).lower(), "sep": declared.separator,
+               # No quote character: Spark takes the NUL character to mean none.
+               "quote": declared.quote_char if declared.quote_char is not None else "\u0000",
+               "escape": declared.quote_char or "\\"}
+    if declared.null_values:
+        options["nullValue"] = declared.null_values[0]
+    if declared.comment_prefix:
+        options["comment"] = declared.comment_prefix
+    return options
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """A Spark failure's kind, its Java exception's class and its error condition, never its message
+    (which can quote values or paths)."""
+    condition = _condition(exc)
+    java = None
+    with suppress(Exception):  # no Java exception, or the JVM is gone
+        java = str(exc.java_exception.getClass().getSimpleName())  # type: ignore[attr-defined]
+    return type(exc).__name__ + (f": {java}" if java else "") + (f": {condition}" if condition else "")
+
+
 def files_with_bad_values(info: InputInfo, spark: SparkSession) -> list[Path]:
     """The files of a CSV or NDJSON input in which Spark finds a row it cannot read as the schema says
     (a malformed row, or a typed, numeric or Boolean column's text that does not convert), in the
     input's order; [] for Parquet. A search on the executors, after Spark failed on a value: the
     driver then looks for the line in these files only (`strict_rows.check_rows`), never in all."""
-    if info.format == "parquet":
-        return []
+    if info.format == "parquet" or not info.paths:
+        return []  # a URL's files are not on this machine: the run's own failure is what is said
     f = F()
     typed = {name: _spark_type(dtype) for name, dtype in info.schema.items()
              if name not in info.reading.derive and name not in info.partitions
@@ -947,16 +1100,7 @@ def refuse_unreadable(info: InputInfo) -> None:
 
 def _spark_csv_options(info: InputInfo) -> dict[str, str]:
     """The input's CSV reading options in Spark's words (`refuse_unreadable` has checked them)."""
-    reading = info.reading
-    options = {"header": str(reading.has_header).lower(), "sep": reading.separator,
-               # No quote character: Spark takes the NUL character to mean none.
-               "quote": reading.quote_char if reading.quote_char is not None else "\u0000",
-               "escape": reading.quote_char or "\\"}
-    if reading.null_values:
-        options["nullValue"] = reading.null_values[0]
-    if reading.comment_prefix:
-        options["comment"] = reading.comment_prefix
-    return options
+    return _csv_options(info.reading)
 
 
 def _spark_type(dtype: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dprun.errors import DataError, Problem, SpecError
-from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, InputInfo, inspect_inputs
+from dprun.spec.input_schema import SCHEMA_SAMPLE_ROWS, InputInfo, SparkInputs, inspect_inputs
 from dprun.spec.models import Spec
 from dprun.spec.rules import Finding, published_and_read, spec_findings
 from dprun.spec.sql_query import compile_sql_queries
@@ -90,9 +90,11 @@ def load_spec(path: Path) -> LoadedSpec:
     return loaded
 
 
-def validate_spec(path: Path) -> ValidatedSpec:
+def validate_spec(path: Path, spark_inputs: SparkInputs | None = None) -> ValidatedSpec:
+    """The spec checked against its inputs' schemas; with `spark_inputs` (the Spark engine), inputs named
+    by a URL are listed and read by Spark."""
     loaded = load_spec(path)
-    inputs, query_inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir)
+    inputs, query_inputs, findings = inspect_inputs(loaded.spec, loaded.base_dir, spark_inputs)
     findings += _sample_row_findings(inputs)
     if findings:
         raise SpecError(loaded.problems(findings))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 from urllib.parse import unquote
 
 # A URL's scheme: two or more characters before ":/" (one letter would be a Windows drive).
@@ -37,8 +37,9 @@ def url_problem(path: str) -> str | None:
     if scheme is None:
         return None
     if scheme != "file":
-        return (f"'{path}' is a URL ({scheme}:): dprun reads files on this machine (a path, a glob or a "
-                "file:// URL); copy or mount the files here and name them by their local path")
+        return (f"'{path}' is a URL ({scheme}:): the Polars engine reads files on this machine (a path, a glob or a "
+                "file:// URL); the Spark engine reads it through Spark (`--engine spark`, for `validate` and "
+                "`explain-budget` too), or copy or mount the files here and name them by their local path")
     if _file_url(path)[0] not in _LOCAL_HOSTS:
         return f"'{path}' names a file on another host; a file:// URL must be of this machine (file:///…)"
     return None
@@ -89,7 +90,7 @@ def partition_root(path: str, base_dir: Path) -> Path:
     return Path(full) if Path(full).is_dir() else Path(full).parent
 
 
-def partition_values(file: Path, root: Path) -> list[tuple[str, str | None]] | None:
+def partition_values(file: PurePath, root: PurePath) -> list[tuple[str, str | None]] | None:
     """The (column, value) of each Hive partition folder between `root` and `file`, outermost first,
     as Spark reads them: split at the first `=`, percent-decoded, Hive's null folder as None. [] where
     no folder between them is one; None where some are and some are not (Spark would take a part

@@ -16,8 +16,8 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TextIO
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 import polars as pl
 
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 SCHEMA_SAMPLE_ROWS = 1000
 # The engines' own columns begin with this; a spec's column may not.
 INTERNAL_PREFIX = "__dprun_"
+FORMAT_UNKNOWN = "cannot tell the format from the suffix; set `format: csv | parquet | ndjson`"
 # Said where a text column may have surprised the user.
 TEXT_NOTE = "; a CSV column is read as text unless the input's `columns:` gives its type (e.g. `columns: {n: int64}`)"
 SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".ndjson": "ndjson", ".jsonl": "ndjson"}
@@ -91,6 +92,10 @@ class InputInfo:
     # Columns from Hive partition folders (`day=3/`) below `partition_root`, outermost first.
     partitions: tuple[str, ...] = ()
     partition_root: Path | None = None
+    # Read by Spark (`--engine spark`) from this URL rather than from `paths` (then empty).
+    url: str | None = None
+    url_base: str | None = None
+    listing: tuple[tuple[str, int, int], ...] = ()  # (file URL, bytes, modification time in ms)
 
     def partition_values(self, path: Path) -> list[tuple[str, str | None]]:
         """One file's value of each partition column, as text (None: Hive's null folder)."""
@@ -298,33 +303,53 @@ def csv_rows(handle: TextIO, reading: InputSpec) -> _csv.Reader:
     return csv.reader(lines, delimiter=reading.separator, quotechar=reading.quote_char or '"', quoting=quoting)
 
 
-def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], dict[str, InputInfo], list[Finding]]:
+@dataclass(frozen=True)
+class Located:
+    """An input's files and format, found on this machine (`paths`) or by Spark (`url`: what Spark reads,
+    with its files' `listing`), and its partition folders' columns."""
+
+    fmt: str
+    partitions: tuple[str, ...] = ()
+    paths: tuple[Path, ...] = ()
+    partition_root: Path | None = None
+    url: str | None = None
+    url_base: str | None = None  # Spark's `basePath` for a glob URL's partition folders
+    listing: tuple[tuple[str, int, int], ...] = ()  # (file URL, bytes, modification time in ms)
+
+
+class SparkInputs(Protocol):
+    """Inputs named by a URL, found and their schemas read by Spark (`spark_engine.SparkInputReader`)."""
+
+    def locate(self, declared: InputSpec) -> Located | str:
+        """The input's files, or what is wrong."""
+
+    def file_schema(self, located: Located, declared: InputSpec, value_columns: frozenset[str]
+                    ) -> dict[str, pl.DataType] | str:
+        """The schema of the files, partition folders aside (as `read_schema`), or what is wrong."""
+
+
+def inspect_inputs(spec: Spec, base_dir: Path, spark_inputs: SparkInputs | None = None
+                   ) -> tuple[dict[str, InputInfo], dict[str, InputInfo], list[Finding]]:
     """Every input's info, by input name; what each query reads (its input with its joins), by
-    query name; and what is wrong."""
+    query name; and what is wrong. With `spark_inputs` (the Spark engine), a private input named by
+    a URL is found and read by Spark."""
     infos: dict[str, InputInfo] = {}
     read: dict[str, InputInfo] = {}
     findings: list[Finding] = []
     value_columns = _value_columns(spec)
     for name, declared in spec.inputs.items():
         at: FieldPath = ("inputs", name, "path")
-        problem = url_problem(declared.path)
-        if problem is not None:
-            findings.append((at, problem))
+        scheme = url_scheme(declared.path)
+        if spark_inputs is not None and declared.public and scheme not in (None, "file"):
+            findings.append((at, "a public input is read whole on this machine, where its join keys are checked, "
+                                 "also with --engine spark: give it a local path or a file:// URL"))
             continue
-        paths = resolve_paths(declared.path, base_dir)
-        fmt = input_format(declared.path, declared.format) or _files_format(paths)
-        if fmt is None:
-            findings.append((at, "cannot tell the format from the suffix; set `format: csv | parquet | ndjson`"))
+        by_spark = spark_inputs if spark_inputs is not None and scheme is not None and not declared.public else None
+        located = _located(declared, base_dir) if by_spark is None else by_spark.locate(declared)
+        if isinstance(located, str):
+            findings.append((at, located))
             continue
-        if not paths:
-            findings.append((at, f"no file matches '{declared.path}' (relative to the spec file's folder)"))
-            continue
-        root = partition_root(declared.path, base_dir)
-        partitions = _partition_columns(paths, root)
-        if partitions is None:
-            findings.append((at, f"the files below '{declared.path}' are not all in partition folders of the same "
-                                 "columns (name=value folders, in the same order)"))
-            continue
+        fmt, paths, partitions = located.fmt, located.paths, located.partitions
         misplaced = [option for option in CSV_OPTIONS if option in declared.model_fields_set]
         if fmt != "csv" and misplaced:
             findings.append((("inputs", name, misplaced[0]), f"`{misplaced[0]}` is a reading option for CSV "
@@ -334,12 +359,19 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
             findings.append((("inputs", name), "an NDJSON file declares no schema: list the columns the spec reads "
                              "under `columns:` with their types (e.g. `columns: {user_id: string, amount: float64}`)"))
             continue
-        try:
-            schema = read_schema(paths, fmt, declared, value_columns.get(name, frozenset()))
-        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
-            findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid {fmt} "
-                             "file, and do its reading options fit it?"))
-            continue
+        if by_spark is not None:
+            found = by_spark.file_schema(located, declared, value_columns.get(name, frozenset()))
+            if isinstance(found, str):
+                findings.append((at, found))
+                continue
+            schema = found
+        else:
+            try:
+                schema = read_schema(paths, fmt, declared, value_columns.get(name, frozenset()))
+            except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:
+                findings.append((at, f"cannot read the {fmt} schema ({type(exc).__name__}); is the file a valid "
+                                 f"{fmt} file, and do its reading options fit it?"))
+                continue
         # An NDJSON input's schema is its `columns`, which type the partition columns too.
         twice = [column for column in partitions if column in schema and fmt != "ndjson"]
         if twice:
@@ -379,7 +411,8 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
             findings.append((at, f"the CSV header names column(s) {', '.join(twice)} more than once"))
             continue
         infos[name] = InputInfo(name, paths, fmt, schema, declared, base_dir=base_dir, partitions=partitions,
-                                partition_root=root if partitions else None)
+                                partition_root=located.partition_root, url=located.url, url_base=located.url_base,
+                                listing=located.listing)
     for index, query in enumerate(spec.queries):
         info = infos.get(query.private_input)
         if info is not None and not isinstance(query.input, str):
@@ -395,13 +428,36 @@ def inspect_inputs(spec: Spec, base_dir: Path) -> tuple[dict[str, InputInfo], di
     return infos, read, findings
 
 
-def _files_format(paths: tuple[Path, ...]) -> str | None:
+def _located(declared: InputSpec, base_dir: Path) -> Located | str:
+    """An input's files on this machine, or what is wrong."""
+    problem = url_problem(declared.path)
+    if problem is not None:
+        return problem
+    paths = resolve_paths(declared.path, base_dir)
+    fmt = input_format(declared.path, declared.format) or files_format(paths)
+    if fmt is None:
+        return FORMAT_UNKNOWN
+    if not paths:
+        return f"no file matches '{declared.path}' (relative to the spec file's folder)"
+    root = partition_root(declared.path, base_dir)
+    partitions = partition_columns(paths, root)
+    if partitions is None:
+        return partitions_differ(declared.path)
+    return Located(fmt, partitions, paths, root if partitions else None)
+
+
+def partitions_differ(path: str) -> str:
+    return (f"the files below '{path}' are not all in partition folders of the same columns (name=value folders, "
+            "in the same order)")
+
+
+def files_format(paths: Iterable[PurePath]) -> str | None:
     """The format all of a folder's files have by their suffix, or None (no files: None)."""
     formats = {SUFFIX_FORMATS.get(path.suffix.lower()) for path in paths}
     return formats.pop() if len(formats) == 1 else None
 
 
-def _partition_columns(paths: tuple[Path, ...], root: Path) -> tuple[str, ...] | None:
+def partition_columns(paths: Iterable[PurePath], root: PurePath) -> tuple[str, ...] | None:
     """The columns of the files' Hive partition folders below `root`, or None where the files differ."""
     found = {tuple(name for name, _ in values) if (values := partition_values(path, root)) is not None else None
              for path in paths}

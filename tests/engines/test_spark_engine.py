@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import polars as pl
@@ -35,7 +36,7 @@ pytest.importorskip("pyspark", reason="the Spark engine needs pyspark: pip insta
 
 from dprun import api
 from dprun.engines import polars_engine, release_steps, spark_engine
-from dprun.errors import DataError, DprunError
+from dprun.errors import DataError, DprunError, SpecError
 from dprun.mechanisms import bound_choice
 from dprun.mechanisms.sampling import RandomSource
 
@@ -256,11 +257,65 @@ def test_a_hive_partitioned_folder_read_through_a_file_url_groups_by_its_partiti
         "report": "out/report.json",
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # The Spark engine lists the URL's files and reads their schema through Spark; Polars, on this machine.
+    here, listed = api.validate(tmp_path / "spec.json"), api.validate(tmp_path / "spec.json", "spark")
+    assert listed.inputs["v"].paths == () and listed.inputs["v"].url == f"file://{folder}/"
+    assert listed.inputs["v"].schema == here.inputs["v"].schema
+    assert listed.inputs["v"].partitions == here.inputs["v"].partitions == ("day", "city")
     expected, actual = run_both(tmp_path / "spec.json", spark)
     assert expected["q"].select("day", "city").sort("day", "city", nulls_last=True).rows() == [
         (0, "a/b"), (0, None), (1, "a/b")]
     assert expected["q"].schema["day"] == pl.Int64 and expected["q"].schema["city"] == pl.String
     assert_identical(expected, actual)
+
+
+def test_the_files_spark_lists_are_fingerprinted_by_name_size_and_time(tmp_path: Path, spark: Any) -> None:
+    """A CSV glob URL listed by Spark, marker files skipped; the ledger's fingerprints change with a file."""
+    from dprun.report import input_fingerprints
+
+    (tmp_path / "parts").mkdir()
+    for part in range(2):
+        mixed_data(np.random.default_rng(SEED + part), units=50).select("uid", "x").write_csv(
+            tmp_path / "parts" / f"part-{part}.csv")
+    (tmp_path / "parts" / "_SUCCESS").write_text("")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "version": 1, "name": "listed", "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "inputs": {"v": {"path": f"file://{tmp_path}/parts/part-*.csv", "columns": {"uid": "int64"}}},
+        "queries": [{"name": "q", "input": "v", "metrics": [{"name": "n", "kind": "count"}],
+                     "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
+                     "output": {"path": "out/q.csv"}}],
+        "report": "out/report.json"}))
+    before = input_fingerprints(api.validate(spec, "spark").inputs)
+    assert [Path(urlsplit(f["path"]).path).name for f in before] == ["part-0.csv", "part-1.csv"]
+    assert [f["bytes"] for f in before] == [(tmp_path / "parts" / f"part-{i}.csv").stat().st_size for i in range(2)]
+    os.utime(tmp_path / "parts" / "part-1.csv", ns=(0, 0))
+    after = input_fingerprints(api.validate(spec, "spark").inputs)
+    assert [f["sha256"] for f in after][0] == before[0]["sha256"] and after[1]["sha256"] != before[1]["sha256"]
+
+
+def test_a_url_spark_cannot_list_or_a_public_input_by_url_is_a_located_spec_error(tmp_path: Path, spark: Any) -> None:
+    """No S3 connector here: Spark's own failure, by its kind only; a public lookup is read on this machine."""
+    (tmp_path / "shops.csv").write_text("shop,city\ns1,Paris\n")
+    spec = tmp_path / "spec.yaml"
+    document = {
+        "version": 1, "name": "urls", "privacy_unit": "uid", "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "inputs": {"v": {"path": "s3a://no-such-bucket-4711/visits/", "format": "parquet"},
+                   "shops": {"path": "gs://bucket/shops.csv", "public": True}},
+        "queries": [{"name": "q", "input": "v", "metrics": [{"name": "n", "kind": "count"}],
+                     "contribution_bounds": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
+                     "output": {"path": "out/q.csv"}}],
+        "report": "out/report.json"}
+    spec.write_text(json.dumps(document))
+    with pytest.raises(SpecError) as caught:
+        api.validate(spec, "spark")
+    messages = {p.field: p.message for p in caught.value.problems()}
+    assert messages["inputs.v.path"].startswith("Spark cannot list 's3a://no-such-bucket-4711/visits/' (")
+    assert "connector and credentials" in messages["inputs.v.path"]
+    assert messages["inputs.shops.path"].startswith("a public input is read whole on this machine")
+    with pytest.raises(SpecError) as refused:
+        api.validate(spec)
+    assert "the Spark engine reads it through Spark" in refused.value.problems()[0].message
 
 
 def test_a_join_with_a_public_lookup_releases_the_same_table(tmp_path: Path, spark: Any) -> None:

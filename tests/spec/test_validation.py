@@ -780,8 +780,9 @@ SCHEMA_CASES: dict[str, tuple[str, list[Expect]]] = {
     ),
     "input_url_of_another_scheme": (
         edit(("    path: visits.csv\n", "    path: \"s3a://bucket/visits/*.parquet\"\n")),
-        [Expect(9, "inputs.visits.path", "'s3a://bucket/visits/*.parquet' is a URL (s3a:): dprun reads files on "
-                                         "this machine (a path, a glob or a file:// URL)")],
+        [Expect(9, "inputs.visits.path", "'s3a://bucket/visits/*.parquet' is a URL (s3a:): the Polars engine reads "
+                                         "files on this machine (a path, a glob or a file:// URL); the Spark engine "
+                                         "reads it through Spark (`--engine spark`")],
     ),
     "input_file_url_of_another_host": (
         edit(("    path: visits.csv\n", "    path: file://server/visits.csv\n")),
