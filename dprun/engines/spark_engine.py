@@ -121,6 +121,7 @@ RIGHT = "__dprun_right_{}__"
 # The contribution profile of `auto` bounds: per pair its rows and keyed hash; per unit its
 # partitions and the key hash of its picked pair (the Polars engine profiles on the sorted path).
 PAIR_ROWS = "__dprun_pair_rows__"
+UNIT_PAIRS = "__dprun_unit_pairs__"
 PICK = "__dprun_pick__"
 PICKED_KEY = "__dprun_picked_key__"
 PARTITIONS = "__dprun_partitions__"
@@ -314,9 +315,9 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
     seed, truncation_seed, _, _ = source.hash_seeds()
     with _spark_errors():
         rows = _rows(spark, plan, info, keys, truncation_seed)
-        partials = _partials(rows, plan, keys).persist(_storage_level())
+        ranked = _ranked(_partials(rows, plan, keys), plan, keys, seed).persist(_storage_level())
         try:
-            sums, bounded = _bounded_sums(spark, plan, info, partials, keys, seed, source)
+            sums, bounded = _bounded_sums(spark, plan, info, ranked, keys, source)
 
             def quantiles(partitions: pl.DataFrame) -> dict[str, dict[float, np.ndarray]]:
                 return {q.quantity.id: _quantiles(spark, q, plan, rows, bounded, partitions, keys, source)
@@ -324,7 +325,7 @@ def run_query(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Spa
 
             return release_steps.release_in_key_order(plan, sums, source, quantiles)
         finally:
-            partials.unpersist()
+            ranked.unpersist()
 
 
 def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: SparkSession
@@ -440,27 +441,24 @@ def exact_sums(plan: QueryPlan, info: InputInfo, source: RandomSource, spark: Sp
     keys = release_steps.partition_keys(plan)
     seed, truncation_seed, _, _ = source.hash_seeds()
     with _spark_errors():
-        partials = _partials(_rows(spark, plan, info, keys, truncation_seed), plan, keys)
-        sums, _ = _bounded_sums(spark, plan, info, partials, keys, seed, source)
+        ranked = _ranked(_partials(_rows(spark, plan, info, keys, truncation_seed), plan, keys), plan, keys, seed)
+        sums, _ = _bounded_sums(spark, plan, info, ranked, keys, source)
         return pl.concat(sums)
 
 
 def _bounded_sums(
-    spark: SparkSession, plan: QueryPlan, info: InputInfo, partials: DataFrame, keys: list[str], seed: int,
-    source: RandomSource,
+    spark: SparkSession, plan: QueryPlan, info: InputInfo, ranked: DataFrame, keys: list[str], source: RandomSource,
 ) -> tuple[Iterator[pl.DataFrame], DataFrame]:
-    """Steps 3–5 up to the exact sums: (sums on the driver in `release_steps.key_order`, as consecutive
-    frames, the bounded partials they came from)."""
+    """Steps 3–5 up to the exact sums, from the `_ranked` partials: (sums on the driver in
+    `release_steps.key_order`, as consecutive frames, the bounded partials they came from)."""
     key_schema = _key_schema(plan, info, keys)
-    bounded = _cross_partition_bound(partials, plan, keys, seed)
+    bounded = _within_l0(ranked, plan)
     mode = plan.selection.mode
     if mode == "private" and plan.selection.mechanism != "released_count":
         chosen = _chosen_partitions(plan, bounded, keys, key_schema, source)
         chosen_frame = _to_spark(spark, chosen)
-        if plan.selection.second_bounding:
-            bounded = _cross_partition_bound(_semi(partials, chosen_frame, keys), plan, keys, seed)
-        else:
-            bounded = _semi(bounded, chosen_frame, keys)
+        bounded = _second_bounding(ranked, chosen_frame, plan, keys) if plan.selection.second_bounding \
+            else _semi(bounded, chosen_frame, keys)
         sums = release_steps.with_all_keys(_collected_sums(bounded, plan, keys, key_schema), chosen, plan)
     elif mode == "private":
         # released_count: every candidate's sums are drawn for; they may be too many for the driver.
@@ -673,7 +671,8 @@ def _unit_counts(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schem
     schema = {**key_schema, UNITS: pl.Int64}
     if not release_steps.weighs_units(plan):
         return bounded.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS)), schema
-    kept = f.count(f.lit(1)).over(Window.partitionBy(*_cols(plan.privacy_unit)))
+    # The pairs a unit keeps after the first bounding: all of them, up to L0.
+    kept = f.least(f.col(UNIT_PAIRS), f.lit(plan.max_partitions).cast("long"))
     weighed = bounded.withColumn(SELECTION_WEIGHTS, _unit_weight(kept))
     counts = weighed.groupBy(*_cols(keys)).agg(f.count(f.lit(1)).alias(UNITS),
                                                f.sum(SELECTION_WEIGHTS).alias(SELECTION_WEIGHTS))
@@ -766,9 +765,10 @@ def _keyed_hash(seed: int, columns: list[str]) -> Column:
     return f.xxhash64(f.lit(signed).cast("long"), *_cols(columns), *flags)
 
 
-def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
-    """Keep, for each unit, its L0 partitions with the most rows, ties by the smallest keyed hash of
-    (unit, partition), as the sorted path does.
+def _ranked(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
+    """The partials with each pair's RANK among its unit's pairs (most rows first, ties by the smallest
+    keyed hash of (unit, partition), then the keys, as the sorted path orders them) and the unit's
+    number of pairs (UNIT_PAIRS), from one sort of each unit's pairs.
 
     Which partitions a unit keeps depends only on its own rows and the run's secret key:
     the order (rows, hash, then keys) is total, so the choice is the same in every task attempt
@@ -778,11 +778,43 @@ def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str]
     from pyspark.sql import Window
 
     f = F()
-    units = list(plan.privacy_unit)
-    window = Window.partitionBy(*_cols(units)).orderBy(f.col(PAIR_ROWS).desc(), f.col(HASH),
-                                                       *[_col(k).asc_nulls_first() for k in keys])
-    ranked = partials.withColumn(HASH, _keyed_hash(seed, [*units, *keys])).withColumn(RANK, f.row_number().over(window))
-    return ranked.filter(f.col(RANK) <= plan.max_partitions).drop(HASH, RANK)
+    window = _pair_order(plan, keys)
+    # Same partitioning and order as `window`: Spark computes both in the one sort.
+    whole = window.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    return (partials.withColumn(HASH, _keyed_hash(seed, [*plan.privacy_unit, *keys]))
+            .withColumn(RANK, f.row_number().over(window)).withColumn(UNIT_PAIRS, f.count(f.lit(1)).over(whole)))
+
+
+def _pair_order(plan: QueryPlan, keys: list[str]) -> Any:
+    """Each unit's pairs, most rows first, then by keyed hash, then by keys: a total order."""
+    from pyspark.sql import Window
+
+    f = F()
+    return Window.partitionBy(*_cols(plan.privacy_unit)).orderBy(f.col(PAIR_ROWS).desc(), f.col(HASH),
+                                                                 *[_col(k).asc_nulls_first() for k in keys])
+
+
+def _within_l0(ranked: DataFrame, plan: QueryPlan) -> DataFrame:
+    """The cross-partition bounding: each unit's L0 first pairs of `_ranked`."""
+    return ranked.filter(F().col(RANK) <= plan.max_partitions)
+
+
+def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
+    """Keep, for each unit, its L0 partitions with the most rows (`_ranked`)."""
+    return _within_l0(_ranked(partials, plan, keys, seed), plan)
+
+
+def _second_bounding(ranked: DataFrame, chosen: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
+    """Plume's second bounding: each unit's L0 first pairs among those in the chosen partitions.
+
+    A unit with at most L0 pairs keeps all of its chosen ones, as the first bounding kept them all:
+    only the heavier units' chosen pairs are ranked again, so only they are sorted a second time.
+    """
+    f = F()
+    light = _semi(ranked.filter(f.col(UNIT_PAIRS) <= plan.max_partitions), chosen, keys)
+    heavy = _semi(ranked.filter(f.col(UNIT_PAIRS) > plan.max_partitions), chosen, keys)
+    reranked = heavy.withColumn(RANK, f.row_number().over(_pair_order(plan, keys)))
+    return light.unionByName(_within_l0(reranked, plan))
 
 
 def _partition_sums(bounded: DataFrame, plan: QueryPlan, keys: list[str], key_schema: dict[str, Any]

@@ -466,6 +466,30 @@ def kept_pairs(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
     return spark_engine._collect(bounded.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
 
 
+def test_the_second_bounding_ranks_the_chosen_pairs_of_heavy_units_again(
+    heavy: tuple[Path, pl.DataFrame], spark: Any
+) -> None:
+    """Only units with more than L0 pairs are ranked again (`_second_bounding`): the pairs kept are those
+    of ranking every unit's chosen pairs from scratch, and differ from the first bounding's chosen ones."""
+    spec, _ = heavy
+    validated = api.validate(spec)
+    plan = api.plan(validated).queries[0]
+    hash_key = RandomSource.from_seed(5).hash_seeds()[0]
+    partials = spark_engine._partials(spark_engine._rows(spark, plan, validated.query_inputs[plan.name], ["key"],
+                                                         hash_key), plan, ["key"])
+    chosen = spark_engine._to_spark(spark, pl.DataFrame({"key": list(range(0, KEYS, 2))}))
+    ranked = spark_engine._ranked(partials, plan, ["key"], hash_key)
+
+    def pairs(frame: Any) -> pl.DataFrame:
+        return spark_engine._collect(frame.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
+
+    again = pairs(spark_engine._second_bounding(ranked, chosen, plan, ["key"]))
+    assert again.equals(pairs(spark_engine._cross_partition_bound(spark_engine._semi(partials, chosen, ["key"]),
+                                                                  plan, ["key"], hash_key)))
+    first = pairs(spark_engine._semi(spark_engine._within_l0(ranked, plan), chosen, ["key"]))
+    assert again.group_by("uid").len()["len"].max() == L0 and first.height < again.height
+
+
 def exact(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
     validated = api.validate(spec)
     plan = api.plan(validated).queries[0]
@@ -508,7 +532,7 @@ def test_a_retried_task_keeps_the_same_rows(
     spec, _ = heavy
     expected = exact(spark, spec, 3)
     marker = str(tmp_path / "failed-once")
-    bound = spark_engine._cross_partition_bound
+    bound = spark_engine._within_l0
 
     def failing_once(uid: int) -> bool:
         from pyspark import TaskContext
@@ -518,15 +542,15 @@ def test_a_retried_task_keeps_the_same_rows(
             raise RuntimeError("injected task failure")
         return True
 
-    def bound_with_a_failure(partials: Any, *args: Any) -> Any:
+    def bound_with_a_failure(ranked: Any, *args: Any) -> Any:
         from pyspark.sql import functions as F
 
-        bounded = bound(partials, *args)
+        bounded = bound(ranked, *args)
         # A Python UDF that keeps every row, applied to the bounding stage's output: its task dies
         # once, after the window ran on its shuffle input, and Spark runs it again (local[2,2]).
         return bounded.filter(F.udf(failing_once, "boolean")(F.col("uid")))
 
-    monkeypatch.setattr(spark_engine, "_cross_partition_bound", bound_with_a_failure)
+    monkeypatch.setattr(spark_engine, "_within_l0", bound_with_a_failure)
     retried = exact(spark, spec, 3)
     assert os.path.exists(marker), "no task failed: the test did not exercise a retry"
     assert retried.equals(expected)
