@@ -799,11 +799,6 @@ def _within_l0(ranked: DataFrame, plan: QueryPlan) -> DataFrame:
     return ranked.filter(F().col(RANK) <= plan.max_partitions)
 
 
-def _cross_partition_bound(partials: DataFrame, plan: QueryPlan, keys: list[str], seed: int) -> DataFrame:
-    """Keep, for each unit, its L0 partitions with the most rows (`_ranked`)."""
-    return _within_l0(_ranked(partials, plan, keys, seed), plan)
-
-
 def _second_bounding(ranked: DataFrame, chosen: DataFrame, plan: QueryPlan, keys: list[str]) -> DataFrame:
     """Plume's second bounding: each unit's L0 first pairs among those in the chosen partitions.
 

@@ -462,7 +462,8 @@ def kept_pairs(spark: Any, spec: Path, seed: int) -> pl.DataFrame:
     info = validated.query_inputs[plan.name]
     hash_key = RandomSource.from_seed(seed).hash_seeds()[0]
     rows = spark_engine._rows(spark, plan, info, ["key"], hash_key)
-    bounded = spark_engine._cross_partition_bound(spark_engine._partials(rows, plan, ["key"]), plan, ["key"], hash_key)
+    bounded = spark_engine._within_l0(spark_engine._ranked(spark_engine._partials(rows, plan, ["key"]), plan, ["key"],
+                                                           hash_key), plan)
     return spark_engine._collect(bounded.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
 
 
@@ -484,8 +485,8 @@ def test_the_second_bounding_ranks_the_chosen_pairs_of_heavy_units_again(
         return spark_engine._collect(frame.select("uid", "key"), {"uid": pl.Int64, "key": pl.Int64}).sort("uid", "key")
 
     again = pairs(spark_engine._second_bounding(ranked, chosen, plan, ["key"]))
-    assert again.equals(pairs(spark_engine._cross_partition_bound(spark_engine._semi(partials, chosen, ["key"]),
-                                                                  plan, ["key"], hash_key)))
+    from_scratch = spark_engine._ranked(spark_engine._semi(partials, chosen, ["key"]), plan, ["key"], hash_key)
+    assert again.equals(pairs(spark_engine._within_l0(from_scratch, plan)))
     first = pairs(spark_engine._semi(spark_engine._within_l0(ranked, plan), chosen, ["key"]))
     assert again.group_by("uid").len()["len"].max() == L0 and first.height < again.height
 
