@@ -58,7 +58,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
-from urllib.parse import unquote, urlsplit
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
@@ -951,12 +950,13 @@ class SparkInputReader:
         base = _glob_base(url)
         reader = self.spark.read if base is None else self.spark.read.option("basePath", base)
         try:
-            files = tuple(sorted(reader.format("text").load(url).inputFiles()))
+            listing = _listing(reader, url)
         except Exception as exc:
             if not _is_spark_error(exc):
                 raise
             return (f"Spark cannot list '{url}' ({_spark_failure(exc)}); is the URL right, and does Spark have the "
                     "file system's connector and credentials?")
+        files = tuple(name for name, _, _ in listing)
         if not files:
             return f"no file matches '{url}' (listed by Spark)"
         fmt = input_format(url, declared.format) or files_format(PurePosixPath(_url_path(f)) for f in files)
@@ -967,7 +967,7 @@ class SparkInputReader:
         partitions = partition_columns((PurePosixPath(_url_path(f)) for f in files), root) if in_folder else ()
         if partitions is None:
             return partitions_differ(url)
-        return Located(fmt, partitions, url=url, url_base=base, listing=self._listing(files))
+        return Located(fmt, partitions, url=url, url_base=base, listing=listing)
 
     def file_schema(self, located: Located, declared: InputSpec, value_columns: frozenset[str]
                     ) -> dict[str, pl.DataType] | str:
@@ -999,19 +999,15 @@ class SparkInputReader:
                 found[field.name] = dtype
         return found | {name: COLUMN_TYPES[kind.type] for name, kind in types.items() if name in found}
 
-    def _listing(self, files: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
-        """Each file with its size and modification time from the file system (a classic session's
-        Hadoop API; over Spark Connect, its name only)."""
-        jvm = getattr(self.spark, "_jvm", None)
-        if jvm is None:
-            return tuple((name, -1, -1) for name in files)
-        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
-        listed = []
-        for name in files:
-            path = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(name))  # a URI: its `%` escapes are decoded
-            status = path.getFileSystem(conf).getFileStatus(path)
-            listed.append((name, int(status.getLen()), int(status.getModificationTime())))
-        return tuple(listed)
+
+def _listing(reader: Any, url: str) -> tuple[tuple[str, int, int], ...]:
+    """The files Spark reads for `url` (marker files skipped, as for any file source), sorted, with their
+    sizes and modification times in ms: the `binaryFile` source's listing, its content column never
+    read, so one job over the cluster's file listing, not a request per file from here."""
+    f = F()
+    files = reader.format("binaryFile").load(url).select(
+        "path", "length", f.unix_millis(f.col("modificationTime")))
+    return tuple(sorted((row[0], int(row[1]), int(row[2])) for row in files.collect()))
 
 
 def _glob_base(url: str) -> str | None:
@@ -1028,8 +1024,11 @@ def _is_folder(files: tuple[str, ...], url: str, base: str | None) -> bool:
 
 
 def _url_path(url: str) -> str:
-    """The path of a URL, decoded once (Spark's file URLs encode a partition value's `%` as `%25`)."""
-    return unquote(urlsplit(url).path if url_scheme(url) else url)
+    """The path of a URL as Hadoop writes paths (`file:/data/…`, `s3a://bucket/…`), kept as written: a
+    partition folder's name is percent-decoded once, by `partition_values`. Split by hand: urllib would
+    read a `?` or `#` in a file name as a query or a fragment."""
+    rest = url.split(":", 1)[1] if url_scheme(url) else url
+    return "/" + rest[2:].partition("/")[2] if rest.startswith("//") else rest
 
 
 def _polars_type(spark_type: Any) -> pl.DataType | None:
