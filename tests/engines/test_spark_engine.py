@@ -216,11 +216,11 @@ def test_identical_tables_on_every_input_format_selection_mechanism_and_quantile
     data.write_parquet(tmp_path / "data.parquet")
     data.write_csv(tmp_path / "data.csv")  # NaN and ±inf as text
     data.write_ndjson(tmp_path / "data.ndjson")  # NaN and ±inf become null
-    # Candidates (and released_count's sums) come to Spark's driver in key order, 8 at a time (nulls
+    # Candidates (and released_count's sums) come to Spark's driver in key order, 32 at a time (nulls
     # among them); the empty query's are collected whole. Both engines draw 7 at a time.
     monkeypatch.setattr(release_steps, "DRAW_CHUNK", 7)
     monkeypatch.setattr(spark_engine, "WHOLE_CANDIDATES", 4)
-    monkeypatch.setattr(spark_engine, "FETCH_ROWS", 8)
+    monkeypatch.setattr(spark_engine, "FETCH_ROWS", 32)
     streamed = []
     stream = spark_engine._sorted_batches
     monkeypatch.setattr(spark_engine, "_sorted_batches",
