@@ -2,8 +2,8 @@
 
 A privacy unit with 10^5 rows spread over 10^3 partitions, its values far outside the bounds
 (±10^9, ±inf, NaN, nulls), is added to a background of 5,000 ordinary units. With the same hash
-key for both datasets, the engine's pre-noise per-partition sums (`_partial_shards`,
-`_cross_partition_bound`, `_partition_sums`) with and without that unit may differ only by what
+key for both datasets, the engine's pre-noise per-partition sums (`dp_audit.pre_noise_sums`: the
+sorted path's bounding and `partition_sums`) with and without that unit may differ only by what
 the bounds allow: in at most L0 partitions, by at most L∞ (m rows' worth at the largest bounded
 value) per partition and quantity, so by at most L0·L∞ in total. When every heavy value sits
 beyond the upper bound the difference is exactly that worst case (the bound is tight, not just
