@@ -6,7 +6,8 @@ own file sources do (names beginning with `_` or `.` below the folder, or the gl
 are skipped). Files in Hive partition folders (`day=3/part-0.parquet`) carry those folders' values
 as columns (`partition_values`), as Spark's partition discovery reads them. URLs of other schemes
 (`s3a://`, `hdfs://`, …) are not files on this machine: `url_problem` says so in the spec's words,
-before anything is read.
+before anything is read; the Spark engine lists and reads them through Spark instead
+(`spark_engine.SparkInputReader`).
 """
 
 from __future__ import annotations
