@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_run.py [--data benchmarks/data/synth_1e6.parquet]
            [--cases a,b,c1,c2,c3,a3,at,a2,d1,d2,d3,s] [--repeat N] [--limit CASE=GB ...]
-           [--max-rss CASE=GB ...] [--keep DIR]
+           [--max-rss CASE=GB ...] [--cpus 0 --cpus 0,1 ...] [--keep DIR]
 (with dprun installed, e.g. pip install -e .; data from generate_synthetic.py)
 
 Cases, each run in its own subprocess on one Parquet file (columns user_id, key, value, day):
@@ -52,6 +52,13 @@ the most records (a key not released counts as 0). Errors are averaged over the 
 Memory guards: --max-rss CASE=GB kills a case whose RSS passes GB (default b=15);
 --limit CASE=GB runs a case under RLIMIT_AS = GB GiB (like `ulimit -v` or `prlimit --as`),
 to show that it runs in bounded memory. A case that fails is reported as failed.
+
+Cores: --cpus SET (repeatable; a SET is a list such as 0,1 or 0-7) pins each run to those
+cores (sched_setaffinity, as `taskset -c SET`; Polars and dprun size their thread pools from
+the cores a process may use). Every case runs on every set in each round, a table is printed
+per set, then each case's speedup from the first set to each other one beside its floor's and
+their ratio (the case's speedup over its floor's: 1.0 means it gains from the cores as much as
+its floor does).
 """
 
 from __future__ import annotations
@@ -242,14 +249,17 @@ class Watch(threading.Thread):
 
 def run_measured(
     argv: list[str], cwd: Path, limit_gb: float | None = None, max_rss_gb: float | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, cpus: frozenset[int] | None = None,
 ) -> Measurement:
-    """Run argv in a subprocess, optionally under an address-space limit and an RSS watchdog."""
+    """Run argv in a subprocess, optionally under an address-space limit, an RSS watchdog and pinned
+    to `cpus`."""
     limit = None if limit_gb is None else int(limit_gb * 2**30)
 
     def set_limit() -> None:
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -314,13 +324,13 @@ def text_copy(data: Path) -> Path:
 
 
 def run_once(case: str, data: Path, tmp: Path, limit_gb: float | None, max_rss_gb: float | None,
-             exact: pl.DataFrame | None, result: Result) -> None:
+             exact: pl.DataFrame | None, result: Result, cpus: frozenset[int] | None = None) -> None:
     """One run of a case, added to `result`; utility only for the integer-key count cases."""
     if result.error is not None:
         return
     argv, out, report_path = case_argv(case, data, tmp)
     env = dict(os.environ, DPRUN_TMPDIR=str(tmp))
-    measured = run_measured(argv, tmp, limit_gb, max_rss_gb, env)
+    measured = run_measured(argv, tmp, limit_gb, max_rss_gb, env, cpus)
     result.runs.append(measured)
     if measured.status != 0:
         hint = f" (address space ≤ {limit_gb:g} GiB)" if limit_gb else ""
@@ -439,6 +449,8 @@ def parse_args() -> argparse.Namespace:
                         help="run CASE under an address-space limit (RLIMIT_AS) of GB GiB")
     parser.add_argument("--max-rss", action="append", default=[], metavar="CASE=GB",
                         help="kill CASE when its RSS passes GB (default b=15; b=0 for no limit)")
+    parser.add_argument("--cpus", action="append", default=[], metavar="SET",
+                        help="pin every case to these cores (0,1 or 0-7); repeat to compare core counts")
     parser.add_argument("--keep", type=Path, help="write the temporary specs and outputs here and keep them")
     args = parser.parse_args()
     cases = {c.strip() for c in args.cases.split(",") if c.strip()}
@@ -452,7 +464,28 @@ def parse_args() -> argparse.Namespace:
     args.data = args.data.resolve()
     if not args.data.is_file():
         parser.error(f"{args.data} does not exist (see generate_synthetic.py)")
+    usable = os.sched_getaffinity(0)
+    args.cpus = [parse_cpus(parser, item, usable) for item in args.cpus] or [None]
     return args
+
+
+def parse_cpus(parser: argparse.ArgumentParser, item: str, usable: set[int]) -> frozenset[int]:
+    """A core set as `taskset -c` writes it: 0,1 or 0-3,6."""
+    cores: set[int] = set()
+    for part in item.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            parser.error(f"--cpus {item}: expected a list such as 0,1 or 0-3")
+        cores |= set(range(int(low), int(high or low) + 1))
+    if not cores <= usable:
+        parser.error(f"--cpus {item}: this process may use cores {','.join(map(str, sorted(usable)))} only")
+    return frozenset(cores)
+
+
+def cpus_name(cpus: frozenset[int] | None) -> str:
+    if cpus is None:
+        return "all cores"
+    return f"{len(cpus)} core{'s' * (len(cpus) > 1)} ({','.join(map(str, sorted(cpus)))})"
 
 
 def run_all(args: argparse.Namespace, tmp: Path) -> None:
@@ -461,29 +494,54 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
           f"{rows * BYTES_PER_ROW / 1e9:.2f} GB in memory ({BYTES_PER_ROW} B/row); "
           f"{os.cpu_count()} cores, polars {pl.__version__}; load average {os.getloadavg()[0]:.2f}")
     text = text_copy(args.data) if {"at", "d1"} & set(args.cases) else None
-    results = {case: Result(case) for case in args.cases}
+    by_cpus = {cpus: {case: Result(case) for case in args.cases} for cpus in args.cpus}
     rounds = max(args.repeat, BASELINE_RUNS if args.cases == ["a"] else args.repeat)
     for round_index in range(rounds):
         print(f"round {round_index + 1} of {rounds}: {', '.join(args.cases)}", flush=True)
-        for case in args.cases:
-            limit, max_rss = args.limit.get(case), args.max_rss.get(case)
-            data = text if case in ("at", "d1") and text is not None else args.data
-            exact = results["a"].table if case != "a" else None
-            # (a) runs at least BASELINE_RUNS times: its extra runs come in the first round.
-            times = BASELINE_RUNS - rounds + 1 if case == "a" and round_index == 0 and rounds < BASELINE_RUNS else 1
-            for _ in range(times):
-                run_once(case, data, tmp, limit, max_rss, exact, results[case])
-            if case == "a" and results[case].error is not None:
-                raise SystemExit(f"case a failed: {results[case].error}")
+        for cpus, results in by_cpus.items():
+            for case in args.cases:
+                limit, max_rss = args.limit.get(case), args.max_rss.get(case)
+                data = text if case in ("at", "d1") and text is not None else args.data
+                exact = results["a"].table if case != "a" else None
+                # (a) runs at least BASELINE_RUNS times: its extra runs come in the first round.
+                times = BASELINE_RUNS - rounds + 1 if case == "a" and round_index == 0 and rounds < BASELINE_RUNS else 1
+                for _ in range(times):
+                    run_once(case, data, tmp, limit, max_rss, exact, results[case], cpus)
+                if case == "a" and results[case].error is not None:
+                    raise SystemExit(f"case a failed: {results[case].error}")
     print(f"load average after the runs: {os.getloadavg()[0]:.2f}\n")
-    print_table(results)
-    print()
-    for case, r in results.items():
-        if r.report is not None:
-            print(f"{case}: {plan_summary(r.report)}")
-    if "c3" in results and results["c3"].table is not None:
-        for line in sum_mean_errors(results["c3"].table, args.data):
-            print(line)
+    for cpus, results in by_cpus.items():
+        if len(by_cpus) > 1:
+            print(f"pinned to {cpus_name(cpus)}:")
+        print_table(results)
+        print()
+        for case, r in results.items():
+            if r.report is not None:
+                print(f"{case}: {plan_summary(r.report)}")
+        if "c3" in results and results["c3"].table is not None:
+            for line in sum_mean_errors(results["c3"].table, args.data):
+                print(line)
+        print()
+    if len(by_cpus) > 1:
+        print_speedups(by_cpus)
+
+
+def print_speedups(by_cpus: dict[frozenset[int] | None, dict[str, Result]]) -> None:
+    """Each case's speedup (median wall time) from the first core set to each other, beside its floor's."""
+    first, *others = by_cpus
+    for cpus in others:
+        print(f"speedup from {cpus_name(first)} to {cpus_name(cpus)} (median wall time; case / floor):")
+        for case in by_cpus[first]:
+            before, after = by_cpus[first][case], by_cpus[cpus][case]
+            if before.error or after.error or not before.runs or not after.runs:
+                continue
+            gain = before.median / after.median
+            floor = FLOOR.get(case)
+            if floor is None or floor not in by_cpus[first]:
+                print(f"  {case:<4} {gain:5.2f}x")
+                continue
+            floor_gain = by_cpus[first][floor].median / by_cpus[cpus][floor].median
+            print(f"  {case:<4} {gain:5.2f}x   floor ({floor}) {floor_gain:5.2f}x   ratio {gain / floor_gain:5.2f}")
 
 
 def main() -> None:
