@@ -73,7 +73,7 @@ from dprun.mechanisms.quantile_tree import WEIGHT_BITS
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import NoisyQuantity, QueryPlan
-from dprun.spec.input_paths import local_path, url_problem, url_scheme
+from dprun.spec.input_paths import local_path, url_parts, url_problem, url_scheme
 from dprun.spec.input_schema import (
     COLUMN_TYPES,
     FORMAT_UNKNOWN,
@@ -921,7 +921,7 @@ def _scan_files(spark: SparkSession, info: InputInfo) -> DataFrame:
         # Floats are read as text and cast: Spark's CSV parser rejects "inf", which Polars reads.
         floats = {name for name, dtype in schema.items() if dtype in (pl.Float32, pl.Float64)}
         text = {name: (pl.String if name in floats else dtype) for name, dtype in schema.items()}
-        reading = _spark_csv_options(info)
+        reading = _csv_options(info.reading)
         frame = (reader.schema(_spark_schema(text)).options(**reading).option("mode", "FAILFAST")
                  .option("enforceSchema", not info.reading.has_header).csv(paths))
         for name in floats:
@@ -1025,10 +1025,8 @@ def _is_folder(files: tuple[str, ...], url: str, base: str | None) -> bool:
 
 def _url_path(url: str) -> str:
     """The path of a URL as Hadoop writes paths (`file:/data/…`, `s3a://bucket/…`), kept as written: a
-    partition folder's name is percent-decoded once, by `partition_values`. Split by hand: urllib would
-    read a `?` or `#` in a file name as a query or a fragment."""
-    rest = url.split(":", 1)[1] if url_scheme(url) else url
-    return "/" + rest[2:].partition("/")[2] if rest.startswith("//") else rest
+    partition folder's name is percent-decoded once, by `partition_values`."""
+    return url_parts(url)[1] if url_scheme(url) else url
 
 
 def _polars_type(spark_type: Any) -> pl.DataType | None:
@@ -1046,7 +1044,7 @@ def _polars_type(spark_type: Any) -> pl.DataType | None:
 
 
 def _csv_options(declared: InputSpec) -> dict[str, str]:
-    """`_spark_csv_options` of an input as the spec declares it."""
+    """An input's CSV reading options in Spark's words (`refuse_unreadable` has checked them)."""
     options = {"header": str(declared.has_header).lower(), "sep": declared.separator,
                # No quote character: Spark takes the NUL character to mean none.
                "quote": declared.quote_char if declared.quote_char is not None else "\u0000",
@@ -1084,7 +1082,7 @@ def files_with_bad_values(info: InputInfo, spark: SparkSession) -> list[Path]:
     reader = spark.read.schema(_spark_schema(text).add(CORRUPT, "string")).option("mode", "PERMISSIVE") \
         .option("columnNameOfCorruptRecord", CORRUPT)
     if info.format == "csv":
-        rows = reader.options(**_spark_csv_options(info)).option("enforceSchema", not info.reading.has_header) \
+        rows = reader.options(**_csv_options(info.reading)).option("enforceSchema", not info.reading.has_header) \
             .csv([str(p) for p in info.paths])
     else:
         rows = reader.json([str(p) for p in info.paths])
@@ -1122,11 +1120,6 @@ def refuse_unreadable(info: InputInfo) -> None:
     if refused:
         raise DprunError(f"--engine spark cannot read input '{info.name}' as its spec says ({', '.join(refused)}); "
                          "run it with the Polars engine")
-
-
-def _spark_csv_options(info: InputInfo) -> dict[str, str]:
-    """The input's CSV reading options in Spark's words (`refuse_unreadable` has checked them)."""
-    return _csv_options(info.reading)
 
 
 def _spark_type(dtype: Any) -> Any:

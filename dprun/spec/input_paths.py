@@ -41,7 +41,7 @@ def url_problem(path: str) -> str | None:
         return (f"'{path}' is a URL ({scheme}:): the Polars engine reads files on this machine (a path, a glob or a "
                 "file:// URL); the Spark engine reads it through Spark (`--engine spark`, for `validate` and "
                 "`explain-budget` too), or copy or mount the files here and name them by their local path")
-    if _file_url(path)[0] not in _LOCAL_HOSTS:
+    if url_parts(path)[0] not in _LOCAL_HOSTS:
         return f"'{path}' names a file on another host; a file:// URL must be of this machine (file:///…)"
     return None
 
@@ -50,7 +50,7 @@ def local_pattern(path: str, base_dir: Path) -> str:
     """The path or glob as a local one: a `file://` URL's path (percent-decoded), else the path
     relative to the spec's folder `base_dir` (absolute paths as written)."""
     if url_scheme(path) == "file":
-        return unquote(_file_url(path)[1])
+        return unquote(url_parts(path)[1])
     return path if Path(path).is_absolute() else str(base_dir / path)
 
 
@@ -59,10 +59,10 @@ def local_path(path: str, base_dir: Path) -> Path:
     return Path(local_pattern(path, base_dir))
 
 
-def _file_url(path: str) -> tuple[str, str]:
-    """A `file:` URL's host and path. Split by hand: urllib would read a glob's `?` as the start of a
-    query and `#` as a fragment."""
-    rest = path[path.index(":") + 1:]
+def url_parts(url: str) -> tuple[str, str]:
+    """A URL's host and path, as written (not decoded). Split by hand: urllib would read a glob's `?` or
+    a file name's `?` or `#` as the start of a query or a fragment."""
+    rest = url[url.index(":") + 1:]
     if rest.startswith("//"):
         host, _, tail = rest[2:].partition("/")
         return host, "/" + tail
