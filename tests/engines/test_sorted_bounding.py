@@ -407,3 +407,23 @@ def test_pair_sums_sort_rows_with_their_values_by_places_or_by_polars(largest: i
     codes = frame[sorted_bounding.PACKED].to_numpy()
     carried_codes = codes[pairs["leaf"]]
     assert (np.diff(carried_codes) >= 0).all(), f"seed={seed}: carried rows must follow their codes"
+
+
+@pytest.mark.parametrize("case", ["spread", "equal_top_bits", "too_wide_to_pack"])
+def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
+    """The packed sort orders pairs exactly as np.lexsort((hashes, -rows, runs)): ties of the hash's
+    top bits sorted by the whole hash, then by place; rows too large to pack fall back to it."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, 400)
+    runs = np.repeat(np.arange(lengths.size), lengths)
+    rows = rng.geometric(0.4, runs.size).astype(np.int64)
+    hashes = rng.integers(0, 2**64, runs.size, dtype=np.uint64)
+    if case == "equal_top_bits":
+        # Only the low bits differ (often not at all): every tie goes through the second sort.
+        hashes = rng.integers(0, 4, runs.size, dtype=np.uint64) << np.uint64(62) | rng.integers(0, 3, runs.size,
+                                                                                                dtype=np.uint64)
+    if case == "too_wide_to_pack":
+        rows[rng.integers(0, runs.size)] = 2**40
+    expected = np.lexsort((hashes, -rows, runs))
+    assert sorted_bounding._choice_order(runs, rows, hashes).tolist() == expected.tolist(), f"seed={seed}"
