@@ -31,7 +31,7 @@ group-by on the same file and the same key columns (c2's floor is (a)):
 The lower bound of c2 on the sorted path (floor: a):
 
   s   not private, not c2's counts: the sorted path's work per row alone, numpy reading the
-      unit and key of two row groups at a time (two at once), packing, sorting and counting
+      unit and key of two row groups at a time (one read per core the process may use), packing, sorting and counting
       distinct pairs per key; no shuffle of the rows into shards of whole units, no
       bounding, selection, noise, report or dprun start-up
 
@@ -135,11 +135,11 @@ counts = pl.scan_parquet(data).group_by("key", "day").agg(pl.len().cast(pl.Int64
 counts.sink_parquet(out, engine="streaming")
 """
 # The sorted path's work per row and nothing else (issue #20's lower bound): read the unit
-# and the key of two row groups at a time, two at once, pack them into one int64, sort, and
+# and the key of two row groups at a time, one read per core the process may use, pack them into one int64, sort, and
 # count the distinct pairs per key. No shuffle into shards (a unit whose rows straddle two
 # reads is counted twice: the counts are not c2's), no bounding, selection, noise or report.
 BASELINE_S = """
-import sys, threading, numpy as np, polars as pl, pyarrow.parquet as pq
+import os, sys, threading, numpy as np, polars as pl, pyarrow.parquet as pq
 from concurrent.futures import ThreadPoolExecutor
 data, out = sys.argv[1:3]
 meta = pq.ParquetFile(data).metadata
@@ -157,7 +157,7 @@ def distinct_pairs_per_key(groups):
     np.not_equal(packed[1:], packed[:-1], out=first[1:])
     return np.bincount(packed[first] & ((1 << key_bits) - 1), minlength=1 << key_bits)
 groups = list(range(meta.num_row_groups))
-with ThreadPoolExecutor(2) as pool:
+with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
     counts = sum(pool.map(distinct_pairs_per_key, [groups[i:i + 2] for i in range(0, len(groups), 2)]))
 present = np.flatnonzero(counts)
 pl.DataFrame({"key": present, "records": counts[present]}).write_parquet(out)
