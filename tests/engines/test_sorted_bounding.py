@@ -427,3 +427,16 @@ def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
         rows[rng.integers(0, runs.size)] = 2**40
     expected = np.lexsort((hashes, -rows, runs))
     assert sorted_bounding._choice_order(runs, rows, hashes).tolist() == expected.tolist(), f"seed={seed}"
+
+
+@pytest.mark.parametrize(("rows", "workers", "shards"), [
+    (10**7, 2, 5),          # SHARD_ROWS (2^21) decides on two cores
+    (10**7, 16, 16),        # one shard per worker on sixteen
+    (10**8, 16, 48),
+    (3 * 10**6, 64, 11),    # never below MIN_SHARD_ROWS (2^18) rows a shard
+    (2**21, 64, 1),         # one shard stays one, in memory
+])
+def test_rows_split_into_shards_give_every_worker_one(monkeypatch: pytest.MonkeyPatch, rows: int, workers: int,
+                                                      shards: int) -> None:
+    monkeypatch.setattr(sorted_bounding, "WORKERS", workers)
+    assert sorted_bounding._shard_count(rows) == shards
