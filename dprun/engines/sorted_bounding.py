@@ -21,9 +21,8 @@ unit's partitions, so under the test seed both engines release identical tables.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -71,7 +70,7 @@ A = TypeVar("A")
 # reused from the heap: at 2^22 rows half the shards' arrays were mapped afresh, page by
 # page, and the bounding spent twice the kernel time.
 SHARD_ROWS = 2**21
-# Shards bounded at once (`_in_parallel`): one per Polars thread, as many as the cores the
+# Shards bounded at once (`_in_parallel_into`): one per Polars thread, as many as the cores the
 # process may use (each holds about 100 MB at SHARD_ROWS: memory grows with the cores, as
 # Polars' own buffers do), at least 2 so that one shard is bounded while another is read.
 WORKERS = max(2, pl.thread_pool_size())
@@ -832,11 +831,15 @@ def _load(files: list[Path]) -> pl.DataFrame:
 
 
 def _in_parallel_into(tasks: Sequence[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
-    """Each task's result, in order, as `_in_parallel`, and the accumulators (at least one)
-    the tasks were given: a running task holds one that no other running task holds.
+    """Each task's result, in order, WORKERS tasks running at once, and the accumulators (at
+    least one) the tasks were given: a running task holds one that no other running task holds.
 
-    One accumulator per worker, not per task: the sorted path's totals are 8 bytes per key
-    code and quantity, written in full when they are zeroed and when they are merged.
+    Sorting and numpy release the GIL, so shards keep the cores busy. A task loads its shard
+    when it starts, so only WORKERS shards are held in memory at a time; a worker takes the
+    next task as soon as its own is done, whichever shard is still running (waiting for the
+    shards in order left cores idle behind a slow one). One accumulator per worker, not per
+    task: the sorted path's totals are 8 bytes per key code and quantity, written in full
+    when they are zeroed and when they are merged.
     """
     accumulators = [new_accumulator() for _ in range(max(1, min(WORKERS, len(tasks))))]
     idle: SimpleQueue[A] = SimpleQueue()
@@ -850,19 +853,11 @@ def _in_parallel_into(tasks: Sequence[Callable[[A], R]], new_accumulator: Callab
         finally:
             idle.put(accumulator)
 
-    return list(_in_parallel([partial(run, task) for task in tasks])), accumulators
-
-
-def _in_parallel(tasks: list[Callable[[], R]]) -> Iterator[R]:
-    """Each task's result, in order, WORKERS tasks running at once.
-
-    Sorting and numpy release the GIL, so shards keep the cores busy. Only WORKERS shards
-    are held in memory at a time."""
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        pending: deque[Future[R]] = deque()
-        for task in tasks:
-            pending.append(pool.submit(task))
-            if len(pending) == WORKERS:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        futures = [pool.submit(run, task) for task in tasks]
+        try:
+            return [future.result() for future in futures], accumulators
+        except BaseException:
+            # The first failure ends the run: the shards not started yet are not bounded.
+            pool.shutdown(cancel_futures=True)
+            raise
