@@ -31,9 +31,9 @@ group-by on the same file and the same key columns (c2's floor is (a)):
 The lower bound of c2 on the sorted path (floor: a):
 
   s   not private, not c2's counts: the sorted path's work per row alone, numpy reading the
-      unit and key of two row groups at a time (one read per core the process may use), packing, sorting and counting
-      distinct pairs per key; no shuffle of the rows into shards of whole units, no
-      bounding, selection, noise, report or dprun start-up
+      unit and key of two row groups at a time (one read per core the process may use),
+      packing, sorting and counting distinct pairs per key; no shuffle of the rows into
+      shards of whole units, no bounding, selection, noise, report or dprun start-up
 
 The specs name ../data/synth_1e6.parquet. The script always runs a temporary copy of each
 spec that names --data by absolute path and writes its outputs (and dprun's scratch
@@ -135,9 +135,10 @@ counts = pl.scan_parquet(data).group_by("key", "day").agg(pl.len().cast(pl.Int64
 counts.sink_parquet(out, engine="streaming")
 """
 # The sorted path's work per row and nothing else (issue #20's lower bound): read the unit
-# and the key of two row groups at a time, one read per core the process may use, pack them into one int64, sort, and
-# count the distinct pairs per key. No shuffle into shards (a unit whose rows straddle two
-# reads is counted twice: the counts are not c2's), no bounding, selection, noise or report.
+# and the key of two row groups at a time, one read per core the process may use, pack them
+# into one int64, sort, and count the distinct pairs per key. No shuffle into shards (a unit
+# whose rows straddle two reads is counted twice: the counts are not c2's), no bounding,
+# selection, noise or report.
 BASELINE_S = """
 import os, sys, threading, numpy as np, polars as pl, pyarrow.parquet as pq
 from concurrent.futures import ThreadPoolExecutor

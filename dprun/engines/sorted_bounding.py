@@ -599,20 +599,27 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
 
 def _sorted_with_places(shard: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     """The shard's packed codes sorted, and the order of its rows that sorts them; None where a
-    code and a row's place in the shard do not fit one Int64 together.
+    code and a row's place in the shard do not fit one Int64 together (`_keys_sorted_with_places`).
 
-    numpy sorts each code and its row's place as one number, code above place: the places
-    are then the order. That takes a third of the time of Polars' sort of the frame, which
-    spends most of it finding that order (gathering the columns in that order comes on top).
-    `_UnitMix` keeps codes short enough.
+    That takes a third of the time of Polars' sort of the frame, which spends most of it
+    finding that order (gathering the columns in that order comes on top). `_UnitMix` keeps
+    codes short enough.
     """
     if shard.height == 0:
         return None
-    codes = shard[PACKED].to_numpy()
-    place_bits = max(1, (shard.height - 1).bit_length())
-    if int(codes.min()) < 0 or int(codes.max()).bit_length() + place_bits > 63:
+    return _keys_sorted_with_places(shard[PACKED].to_numpy())
+
+
+def _keys_sorted_with_places(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Non-empty keys sorted, and the order that sorts them, equal keys in place order; None where
+    a key and its place do not fit one Int64 together.
+
+    numpy sorts each key and its place as one number, key above place: the places are then the order.
+    """
+    place_bits = max(1, (keys.size - 1).bit_length())
+    if int(keys.min()) < 0 or int(keys.max()).bit_length() + place_bits > 63:
         return None
-    keyed = (codes << place_bits) | np.arange(shard.height, dtype=np.int64)
+    keyed = (keys << place_bits) | np.arange(keys.size, dtype=np.int64)
     keyed.sort()
     return keyed >> place_bits, keyed & ((1 << place_bits) - 1)
 
@@ -621,39 +628,33 @@ def _choice_order(runs: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> np.
     """The order that sorts pairs by their unit's run (non-decreasing from 0), then most rows first,
     then hash, then place: np.lexsort((hashes, -rows, runs)).
 
-    numpy sorts each pair as one Int64 instead: its run, its rows, as many top bits of its hash
-    as fit and its place, from high bits to low (np.lexsort took a fifth of the bounding of the
-    Plume benchmark's heavy units, ten times this sort). Pairs whose run, rows and top hash bits
-    agree are then in place order; only those are sorted again by their whole hashes.
+    numpy sorts each pair as one Int64 instead: its run, its rows and as many top bits of its
+    hash as fit beside its place (`_keys_sorted_with_places`; np.lexsort took a fifth of the
+    bounding of the Plume benchmark's heavy units, ten times this sort). Pairs whose run, rows
+    and top hash bits agree are then in place order; only those are sorted again by their whole hashes.
     """
-    size = runs.size
-    if size == 0:
+    if runs.size == 0:
         return np.zeros(0, dtype=np.int64)
-    place_bits = max(1, (size - 1).bit_length())
     most = int(rows.max())
-    low_bits = [place_bits, 0, most.bit_length(), int(runs[-1]).bit_length()]
-    low_bits[1] = 63 - sum(low_bits)
-    if low_bits[1] < 16:
+    rows_bits, run_bits = most.bit_length(), int(runs[-1]).bit_length()
+    hash_bits = 63 - max(1, (runs.size - 1).bit_length()) - rows_bits - run_bits
+    if hash_bits < 16:
         return np.lexsort((hashes, -rows, runs))
-    place_shift, hash_shift, rows_shift, run_shift = np.cumsum([0, *low_bits[:3]]).tolist()
-    keyed = runs << run_shift
-    keyed |= (most - rows) << rows_shift
-    keyed |= (hashes >> np.uint64(64 - low_bits[1])).astype(np.int64) << hash_shift
-    keyed |= np.arange(size, dtype=np.int64)
-    keyed.sort()
-    order = keyed & ((1 << place_bits) - 1)
-    prefix = keyed >> hash_shift
-    tied = prefix[1:] == prefix[:-1]
+    keys = runs << (rows_bits + hash_bits)
+    keys |= (most - rows) << hash_bits
+    keys |= (hashes >> np.uint64(64 - hash_bits)).astype(np.int64)
+    found = _keys_sorted_with_places(keys)
+    assert found is not None, "the keys leave room for the places"
+    keys, order = found
+    tied = keys[1:] == keys[:-1]
     if tied.any():
-        in_tie = np.zeros(size, dtype=bool)
+        in_tie = np.zeros(runs.size, dtype=bool)
         in_tie[1:] |= tied
         in_tie[:-1] |= tied
-        first_of_tie = in_tie.copy()
-        first_of_tie[1:] &= ~tied
         places = np.flatnonzero(in_tie)
-        group = np.cumsum(first_of_tie)[places]
         tied_order = order[places]
-        order[places] = tied_order[np.lexsort((tied_order, hashes[tied_order], group))]
+        # By key first, so each group of equal keys stays where it is.
+        order[places] = tied_order[np.lexsort((tied_order, hashes[tied_order], keys[places]))]
     return order
 
 
