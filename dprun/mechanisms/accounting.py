@@ -140,6 +140,30 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
     """
     if not costs:
         return 0.0
+    continuous_delta, interval, fold = _continuous_terms(costs, delta, relative_discretization)
+    closed = _closed_form_epsilon(costs, continuous_delta, interval)
+    exact = closed if closed is not None else _dp_accounting_epsilon(costs, continuous_delta, interval)
+    return exact + fold
+
+
+def pld_within(costs: list[Cost], epsilon: float, delta: float,
+               relative_discretization: float = RELATIVE_DISCRETIZATION) -> bool:
+    """Whether `pld_epsilon(costs, delta, relative_discretization)` is at most `epsilon`.
+
+    In closed form from one δ(ε) (`closed_form_pld.within`), not the forty of finding ε; never
+    True where `pld_epsilon` would exceed `epsilon`, and False only within 2e-12 relative of it.
+    """
+    if not costs:
+        return epsilon >= 0.0
+    continuous_delta, interval, fold = _continuous_terms(costs, delta, relative_discretization)
+    closed = _closed_form_parts(costs, interval)
+    if closed is None:
+        return _dp_accounting_epsilon(costs, continuous_delta, interval) + fold <= epsilon
+    return closed_form_pld.within(*closed, epsilon - fold, continuous_delta)
+
+
+def _continuous_terms(costs: list[Cost], delta: float, relative_discretization: float) -> tuple[float, float, float]:
+    """The δ the continuous Gaussians are composed at, the loss grid, and the samplers' ε (`pld_epsilon`)."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     gaussians = [c for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian"]
@@ -150,20 +174,21 @@ def pld_epsilon(costs: list[Cost], delta: float, relative_discretization: float 
     if not continuous_delta > 0:
         raise ValueError(f"delta {delta!r} is too small for {len(gaussians)} Gaussian mechanisms "
                          f"(each holds back {GAUSSIAN_DELTA_SLACK:.1e} for its lattice)")
-    interval = _discretization(costs, continuous_delta, relative_discretization)
-    closed = _closed_form_epsilon(costs, continuous_delta, interval)
-    exact = closed if closed is not None else _dp_accounting_epsilon(costs, continuous_delta, interval)
-    return exact + fold
+    return continuous_delta, _discretization(costs, continuous_delta, relative_discretization), fold
 
 
 def _closed_form_epsilon(costs: list[Cost], delta: float, interval: float) -> float | None:
     """The composition's ε in closed form, or None if its discrete losses are too many."""
+    closed = _closed_form_parts(costs, interval)
+    return None if closed is None else closed_form_pld.epsilon_for_delta(*closed, delta)
+
+
+def _closed_form_parts(costs: list[Cost], interval: float) -> tuple[float, closed_form_pld.DiscreteLoss] | None:
+    """The Gaussians' μ and the other losses composed, or None if those are too many."""
     gaussians = [(c.parameter, c.sensitivity) for c in costs if isinstance(c, NoiseCost) and c.noise == "gaussian"]
     discrete = closed_form_pld.compose_discrete(
         [_discrete_loss(c, interval) for c in costs if not (isinstance(c, NoiseCost) and c.noise == "gaussian")])
-    if discrete is None:
-        return None
-    return closed_form_pld.epsilon_for_delta(closed_form_pld.gaussian_mu(gaussians), discrete, delta)
+    return None if discrete is None else (closed_form_pld.gaussian_mu(gaussians), discrete)
 
 
 def _discrete_loss(cost: Cost, interval: float) -> closed_form_pld.DiscreteLoss:
@@ -210,7 +235,7 @@ def pld_noise_multiplier(
             NoiseCost(c.noise, c.parameter * k, c.sensitivity, c.changed) if isinstance(c, NoiseCost) else c
             for c in costs
         ]
-        return pld_epsilon([*scaled, *fixed], delta, relative_discretization) <= epsilon
+        return pld_within([*scaled, *fixed], epsilon, delta, relative_discretization)
 
     tolerance, relative_discretization = (ROUGH_TOLERANCE, ROUGH_DISCRETIZATION) if rough else (
         MULTIPLIER_TOLERANCE, RELATIVE_DISCRETIZATION)

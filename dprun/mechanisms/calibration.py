@@ -20,7 +20,7 @@ from dprun.mechanisms.sampling import GAUSSIAN_SAMPLER_EPSILON
 
 # Relative width of the final bracket around the analytic Gaussian σ (or ε).
 # The returned value is the bracket's upper end, so at most this much too large.
-_RELATIVE_TOLERANCE = 1e-12
+RELATIVE_TOLERANCE = 1e-12
 
 # `gaussian_delta` loses up to ~1e-8 of relative precision when ε is tiny and δ
 # is small (its two log-CDF terms nearly cancel); calibrating against a target
@@ -127,7 +127,7 @@ def analytic_gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float)
     log_lo = log_hi - math.log(2.0)
     while satisfies(math.exp(log_lo)):
         log_hi, log_lo = log_lo, log_lo - math.log(2.0)
-    while log_hi - log_lo > _RELATIVE_TOLERANCE:
+    while log_hi - log_lo > RELATIVE_TOLERANCE:
         mid = 0.5 * (log_lo + log_hi)
         if satisfies(math.exp(mid)):
             log_hi = mid
@@ -163,7 +163,7 @@ def smallest_epsilon(satisfies: Callable[[float], bool]) -> float:
     lo, hi = 0.0, 1.0
     while not satisfies(hi):
         lo, hi = hi, 2.0 * hi
-    while hi - lo > _RELATIVE_TOLERANCE * hi:
+    while hi - lo > RELATIVE_TOLERANCE * hi:
         mid = 0.5 * (lo + hi)
         if satisfies(mid):
             hi = mid

@@ -212,6 +212,20 @@ def test_noise_multiplier_grows_noise_when_over_budget() -> None:
     assert pld_epsilon([dataclasses.replace(c, parameter=c.parameter * k) for c in costs], 4e-6) <= 1.0
 
 
+@pytest.mark.parametrize(("costs", "closed_form"), [
+    (mixed_costs()[:5] + mixed_costs()[-2:], True),
+    ([NoiseCost("laplace", 20.0, 8.0), NoiseCost("laplace", 40.0, 8.0), ApproxCost(0.3, 1e-7)], True),
+    (mixed_costs(), False),
+], ids=["gaussians and selections", "laplace and a selection", "three fixed-point sums too (dp-accounting)"])
+def test_pld_within_says_whether_pld_epsilon_is_within(costs: list[NoiseCost | ApproxCost], closed_form: bool) -> None:
+    continuous_delta, interval, _ = accounting._continuous_terms(costs, 1e-6, accounting.RELATIVE_DISCRETIZATION)
+    assert (accounting._closed_form_parts(costs, interval) is not None) == closed_form
+    found = pld_epsilon(costs, 1e-6)
+    assert accounting.pld_within(costs, found * (1 + 1e-9), 1e-6)
+    # Never within where pld_epsilon is larger, not even by one ulp.
+    assert not accounting.pld_within(costs, math.nextafter(found, 0.0), 1e-6)
+
+
 def test_noise_multiplier_refuses_an_impossible_budget() -> None:
     with pytest.raises(ValueError):
         pld_noise_multiplier([gaussian(1.0, 1e-6)], [ApproxCost(2.0, 1e-7)], 1.0, 1e-6)

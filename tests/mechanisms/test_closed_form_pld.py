@@ -106,9 +106,31 @@ def test_many_selections_pure_deltas_stay_in_closed_form() -> None:
         costs, 1e-5, INTERVAL) * (1 + 1e-6)
 
 
+def test_laplace_noise_on_one_grid_composes_in_closed_form() -> None:
+    # restaurants_private.yaml's plan: a count's and a mean's discrete Laplace noise (a fixed-point
+    # sum's ~200 losses) and a selection. Their float sums differ in the last bits; merged,
+    # they stay a few hundred losses, where distinct floats would be thousands.
+    costs: list[Cost] = [NoiseCost("laplace", 23.0, 8.0), NoiseCost("laplace", 46.0, 8.0),
+                         NoiseCost("laplace", 5e4, 2000.0), ApproxCost(0.33, 1e-7)]
+    interval = 1e-3 * 0.35  # as the planner's: relative to the largest ε (`accounting._discretization`)
+    closed = accounting._closed_form_epsilon(costs, 1e-6, interval)
+    assert closed is not None
+    assert optimistic_epsilon(costs, 1e-6) * (1 - 1e-6) <= closed <= accounting._dp_accounting_epsilon(
+        costs, 1e-6, interval) * (1 + 1e-6)
+
+
+def test_losses_equal_but_for_rounding_merge_at_the_larger() -> None:
+    composed = DiscreteLoss(np.array([0.1, 0.5]), np.array([0.5, 0.5]), 0.0).compose(
+        DiscreteLoss(np.array([0.2, -0.2]), np.array([0.25, 0.75]), 0.0))
+    assert 0.1 + 0.2 != 0.5 - 0.2
+    assert composed.losses.tolist() == [-0.1, max(0.1 + 0.2, 0.5 - 0.2), 0.7]
+    assert composed.masses.tolist() == pytest.approx([0.375, 0.125 + 0.375, 0.125], abs=1e-16)
+
+
 def test_too_many_discrete_losses_go_to_dp_accounting() -> None:
     big = NoiseCost("laplace", 2**30 / 0.1, float(2**30))
-    assert accounting._closed_form_epsilon([big, big, big], 1e-6, 1e-3) is None
+    assert accounting._closed_form_epsilon([big] * 3, 1e-6, 1e-3) is not None
+    assert accounting._closed_form_epsilon([big] * 5, 1e-6, 1e-3) is None
     assert accounting._closed_form_epsilon([big, NoiseCost("gaussian", 3.0, 1.0, 1)], 1e-6, 1e-3) is not None
 
 
