@@ -538,7 +538,7 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
     """Stage every output and the reports, commit them at once, then mark the reservation published;
     returns the report, and the entry as marked with the dataset's status after it (None without a ledger).
     """
-    from dprun.card import release_card
+    from dprun.card_helper import release_card
     from dprun.render import explanation_markdown
     from dprun.report import release_report
 

@@ -323,6 +323,24 @@ def _new_figure(height: float) -> Figure:
     return Figure(figsize=(8.0, height), layout="constrained")
 
 
+def warm_up() -> None:
+    """Import matplotlib and draw one small chart, loading its fonts, tickers and SVG backend,
+    and the normal CDF's arrays (scipy.special) of the selection chart (`card_helper` does
+    this while it waits for a card to draw)."""
+    from dprun.mechanisms.normal import log_ndtr
+
+    log_ndtr(np.zeros(KEEP_CURVE_POINTS))
+    figure = _new_figure(1.0)
+    axes = figure.add_subplot()
+    axes.barh(0, 1.0, label="a")
+    axes.errorbar([1.0], [0], xerr=[0.5], fmt="o", capsize=3)
+    axes.annotate("b", (1.0, 0), textcoords="offset points", xytext=(8, -12), fontsize=8)
+    axes.set_yticks([0], ["c"])
+    axes.set_xlabel("ε")
+    figure.legend(loc="outside lower center", fontsize=8, frameon=False)
+    _svg(figure)
+
+
 def _svg(figure: Figure) -> str:
     import matplotlib
 

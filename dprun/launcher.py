@@ -44,6 +44,7 @@ def _json_object(fields: dict[str, str | None]) -> str:
 for _signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(_signum, _stop_while_starting)
 
+from dprun import card_helper  # noqa: E402 - after the handlers
 from dprun.malloc_tuning import keep_freed_memory, keep_polars_freed_memory  # noqa: E402 - after the handlers
 
 
@@ -79,9 +80,17 @@ def prepare_process() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _command() -> str | None:
+    """The subcommand: the first argument that is not an option (the group's are flags)."""
+    return next((argument for argument in sys.argv[1:] if not argument.startswith("-")), None)
+
+
 def main() -> NoReturn:
     keep_native_stderr_private()
     prepare_process()
+    if _command() == "run":
+        # First, so that it has warmed up by the time the run has tables to draw.
+        card_helper.start_for_this_run()
     # Imported only now: importing Polars and numpy starts threads, and a thread that has
     # allocated keeps the malloc arena it got (`keep_freed_memory`); Polars' allocator reads
     # its options when Polars is imported (`keep_polars_freed_memory`).
@@ -91,6 +100,7 @@ def main() -> NoReturn:
     try:
         cli_main()
     except SystemExit as done:
+        card_helper.stop()
         if done.code != ExitCode.INTERRUPTED:
             raise
         # An interrupted Polars query's native threads may still be running, and Python's
