@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 # Partitions drawn per metric chart (the largest released values); the table has them all.
 CHART_PARTITIONS = 15
+# A metric chart's margins in inches (`_fit_margins`): beside the y tick labels on the left; the
+# x tick labels and the x label below; half the last x tick label on the right. Tick labels
+# that would take more than MOST_LEFT of the width are cut.
+MARGINS = {"left": 0.12, "bottom": 0.55, "right": 0.3, "top": 0.1}
+MOST_LEFT = 0.6
+POINTS_PER_INCH = 72.0
 KEEP_CURVE_POINTS = 200
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; line-height: 1.4; }
@@ -316,11 +322,32 @@ def _figure(name: str, svg: str, caption: str) -> str:
     return f'<figure class="chart" data-chart="{_text(name)}">{svg}<figcaption>{caption}</figcaption></figure>'
 
 
-def _new_figure(height: float) -> Figure:
+def _new_figure(height: float, constrained: bool = True) -> Figure:
     from matplotlib.figure import Figure
 
     # A Figure of its own, not pyplot: no global state, no GUI backend, safe in any thread.
-    return Figure(figsize=(8.0, height), layout="constrained")
+    return Figure(figsize=(8.0, height), layout="constrained" if constrained else None)
+
+
+def _fit_margins(figure: Figure, labels: list[str]) -> None:
+    """A metric chart's margins: on the left its widest y tick label, measured from the font.
+
+    Constrained layout finds them by drawing the chart an extra time, half of a card's
+    drawing, which `dprun run` waits for (a card has a metric chart per released column).
+    """
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(size=rcParams["ytick.labelsize"]), TextToPath()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        widest = max((measure.get_text_width_height_descent(label, font, ismath=False)[0] for label in labels),
+                     default=0.0)
+    width, height = figure.get_size_inches()
+    left = (widest + rcParams["ytick.major.size"] + rcParams["ytick.major.pad"]) / POINTS_PER_INCH + MARGINS["left"]
+    figure.subplots_adjust(left=min(left / width, MOST_LEFT), right=1 - MARGINS["right"] / width,
+                           bottom=MARGINS["bottom"] / height, top=1 - MARGINS["top"] / height)
 
 
 def warm_up() -> None:
@@ -431,7 +458,8 @@ def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, halves: np.nd
         return None
     order = finite[np.argsort(-values[finite], kind="stable")][:CHART_PARTITIONS]
     labels = [_key_label(table, keys, int(row)) for row in order]
-    figure = _new_figure(1.0 + 0.28 * len(order))
+    figure = _new_figure(1.0 + 0.28 * len(order), constrained=False)
+    _fit_margins(figure, labels)
     axes = figure.add_subplot()
     shown = None if halves is None else np.nan_to_num(halves[order], nan=0.0)
     axes.errorbar(values[order], range(len(order)), xerr=shown, fmt="o", color="#4c78a8", ecolor="#7f7f7f",
