@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dprun.mechanisms.normal import STDLIB_LIMIT
+
 if TYPE_CHECKING:
     import polars as pl
     from matplotlib.figure import Figure
@@ -43,7 +45,10 @@ CHART_PARTITIONS = 15
 MARGINS = {"left": 0.12, "bottom": 0.55, "right": 0.3, "top": 0.1}
 MOST_LEFT = 0.6
 POINTS_PER_INCH = 72.0
-KEEP_CURVE_POINTS = 200
+# Points of a keep curve: no more than the normal CDF computes from the standard library
+# (`normal.STDLIB_LIMIT`), so that drawing one imports no scipy (0.1 s of the card helper's
+# start, which a run can wait for).
+KEEP_CURVE_POINTS = STDLIB_LIMIT
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 2.5rem; }
@@ -351,12 +356,8 @@ def _fit_margins(figure: Figure, labels: list[str]) -> None:
 
 
 def warm_up() -> None:
-    """Import matplotlib and draw one small chart, loading its fonts, tickers and SVG backend,
-    and the normal CDF's arrays (scipy.special) of the selection chart (`card_helper` does
-    this while it waits for a card to draw)."""
-    from dprun.mechanisms.normal import log_ndtr
-
-    log_ndtr(np.zeros(KEEP_CURVE_POINTS))
+    """Import matplotlib and draw one small chart, loading its fonts, tickers and SVG backend
+    (`card_helper` does this while it waits for a card to draw)."""
     figure = _new_figure(1.0)
     axes = figure.add_subplot()
     axes.barh(0, 1.0, label="a")
