@@ -1,10 +1,14 @@
-"""Start-up time of the commands that read no data: `dprun --help`, `validate`, `explain-budget`.
+"""Start-up time of the commands that read no data: `dprun --help`, `validate`, `explain-budget`;
+and the fixed cost of a small release: `dprun run` of `--run-spec` against its `validate`.
 
 Each command runs as a fresh process (`python -m dprun ...`) several times after one warm-up;
 the script prints the minimum, median and maximum wall time of each, and which of the heavy
-libraries the command imported. Run from the repository root:
+libraries the command imported. The run and its validate alternate, and the ratio of their
+medians is printed. The warm-up writes the bytecode caches, unless PYTHONDONTWRITEBYTECODE is
+set, which a user's installation has. Run from the repository root:
 
     python benchmarks/bench_startup.py [--repeat 15] [--spec specs/restaurants_public.yaml]
+        [--run-spec specs/restaurants_private.yaml]
 """
 
 from __future__ import annotations
@@ -31,15 +35,22 @@ print("IMPORTED " + ",".join(loaded), file=sys.__stdout__)
 """
 
 
-def wall_times(command: list[str], repeat: int) -> list[float]:
+def wall_times(commands: list[list[str]], repeat: int) -> list[list[float]]:
+    """Each command's wall times, the commands taking turns in every round."""
     env = dict(os.environ, DPRUN_LEDGER="")
-    subprocess.run(command, capture_output=True, env=env, check=False)  # warm-up: file cache, .pyc
-    times = []
+    for command in commands:  # warm-up: file cache, .pyc
+        subprocess.run(command, capture_output=True, env=env, check=True)
+    times: list[list[float]] = [[] for _ in commands]
     for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run(command, capture_output=True, env=env, check=False)
-        times.append(time.perf_counter() - start)
+        for command, taken in zip(commands, times, strict=True):
+            start = time.perf_counter()
+            subprocess.run(command, capture_output=True, env=env, check=True)
+            taken.append(time.perf_counter() - start)
     return times
+
+
+def line(label: str, times: list[float], imported: str) -> str:
+    return f"{label:<52} {min(times):7.3f} {statistics.median(times):9.3f} {max(times):7.3f}  {imported}"
 
 
 def imported(arguments: list[str]) -> str:
@@ -53,13 +64,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--spec", default="specs/restaurants_public.yaml")
+    parser.add_argument("--run-spec", default="specs/restaurants_private.yaml")
     args = parser.parse_args()
+    dprun = [sys.executable, "-m", "dprun"]
     print(f"{'command':<52} {'min s':>7} {'median s':>9} {'max s':>7}  heavy libraries imported")
     for arguments in (["--help"], ["validate", args.spec], ["explain-budget", args.spec]):
-        times = wall_times([sys.executable, "-m", "dprun", *arguments], args.repeat)
-        label = "dprun " + " ".join(arguments)
-        print(f"{label:<52} {min(times):7.3f} {statistics.median(times):9.3f} {max(times):7.3f}  "
-              f"{imported(arguments) or 'none'}")
+        [times] = wall_times([[*dprun, *arguments]], args.repeat)
+        print(line("dprun " + " ".join(arguments), times, imported(arguments) or "none"))
+    validate, run = ["validate", args.run_spec], ["run", args.run_spec, "--overwrite"]
+    validated, ran = wall_times([[*dprun, *validate], [*dprun, *run]], args.repeat)
+    print(line("dprun " + " ".join(validate), validated, ""))
+    print(line("dprun " + " ".join(run), ran, "(its card drawn by a helper process)"))
+    print(f"fixed cost: run / validate = {statistics.median(ran) / statistics.median(validated):.2f}")
 
 
 if __name__ == "__main__":

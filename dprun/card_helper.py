@@ -1,7 +1,7 @@
 """The release card drawn by a helper process that starts with `dprun run`.
 
 Importing matplotlib and drawing a first chart take about 0.4 s, a third of a small
-release's whole run (`benchmarks/README.md`, "Fixed cost"). The helper does both while
+release's whole run (docs/ci.md, "Start-up time"). The helper does both while
 the run reads its spec, plans and executes, then draws the card from the plan and the
 released tables it is sent: the same `card.release_card`, imported from the same dprun,
 so the same bytes as drawing it in the run. Only the plan and DP outputs cross the pipe,
