@@ -346,9 +346,10 @@ def _fit_margins(figure: Figure, labels: list[str]) -> None:
 
     font, measure = FontProperties(size=rcParams["ytick.labelsize"]), TextToPath()
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
-        widest = max((measure.get_text_width_height_descent(label, font, ismath=False)[0] for label in labels),
-                     default=0.0)
+        # (?s): a key's line break is a glyph missing too; the chart draws it as lines of their own.
+        warnings.filterwarnings("ignore", message="(?s)Glyph .* missing from font", category=UserWarning)
+        widest = max((measure.get_text_width_height_descent(line, font, ismath=False)[0]
+                      for label in labels for line in label.split("\n")), default=0.0)
     width, height = figure.get_size_inches()
     left = (widest + rcParams["ytick.major.size"] + rcParams["ytick.major.pad"]) / POINTS_PER_INCH + MARGINS["left"]
     figure.subplots_adjust(left=min(left / width, MOST_LEFT), right=1 - MARGINS["right"] / width,

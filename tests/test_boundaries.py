@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dprun", "dprun.errors", "dprun.malloc_tuning"),
     ("dprun.mechanisms", "dprun.spec", "dprun.ledger", "dprun.publish", "dprun.verify"),
     ("dprun.plan", "dprun.quantile_choice", "dprun.planner", "dprun.scaffold", "dprun.scaffold_columns"),
-    ("dprun.postprocess", "dprun.report", "dprun.render", "dprun.card"),
+    ("dprun.postprocess", "dprun.report", "dprun.render", "dprun.card", "dprun.card_helper"),
     ("dprun.engines",),
     ("dprun.api",),
     ("dprun.cli",),

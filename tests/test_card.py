@@ -240,3 +240,25 @@ def test_no_internal_quantity_name_reaches_a_reader(spec: Path, tmp_path: Path) 
     for page in (card, card.with_suffix(".md")):
         found = INTERNAL_NAME.search(page.read_text())
         assert found is None, f"{page.name}: {found.group(0) if found else ''}"
+
+
+def test_a_metric_chart_s_left_margin_fits_its_widest_line_of_any_key() -> None:
+    # Keys are data: line breaks, tabs, characters the font lacks. The margin is measured per
+    # line (a two-line key is drawn as two lines), and no glyph warning escapes (a run treats
+    # one as an internal error).
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from dprun import card
+
+    def left(labels: list[str]) -> float:
+        figure = Figure(figsize=(8.0, 2.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            card._fit_margins(figure, labels)
+        return float(figure.subplotpars.left)
+
+    assert left(["abcd\nab"]) == left(["abcd"]) > left(["ab\nab"])
+    assert left(["日本\n\t", "\x00"]) > 0
+    assert left(["W" * 500]) == card.MOST_LEFT
