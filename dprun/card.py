@@ -25,6 +25,7 @@ import html
 import io
 import math
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -301,10 +302,19 @@ def _decimals(halves: np.ndarray) -> int | None:
 
 
 def _rounded(value: Any, decimals: int) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    return _rounder(decimals)(value)
+
+
+def _rounder(decimals: int) -> Callable[[Any], str]:
+    """`_rounded` to these decimals, its format made once for a column's many values."""
+    spec = f",.{max(decimals, 0)}f"
+
+    def rounded(value: Any) -> str:
+        # type(), not isinstance(): a bool is no number here.
+        if type(value) in (int, float) and math.isfinite(value):
+            return format(round(float(value), decimals), spec)
         return _num(value)
-    shown = round(float(value), decimals)
-    return f"{shown:,.{max(decimals, 0)}f}"
+    return rounded
 
 
 def _negative_note(table: pl.DataFrame, metrics: list[dict[str, Any]], columns: dict[str, list[str]]) -> str:
@@ -495,26 +505,30 @@ def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]],
     decimals = {c: _decimals(halves[c]) for c in columns if c in halves}
     header = "".join(f'<th class="key">{_text(c)}</th>' if c in keys else
                      f"<th>{_text(c)}{' (± 95%)' if decimals.get(c) is not None else ''}</th>" for c in columns)
-    rows = []
-    for index, values in enumerate(table.select(columns).iter_rows()):
-        cells = []
-        for column, value in zip(columns, values, strict=True):
-            places = decimals.get(column)
-            if column in keys:
-                shown = _text(str(value))
-            elif places is None or value is None:
-                shown = _num(value)
-            else:
-                shown = _rounded(value, places)
-                half = float(halves[column][index])
-                if math.isfinite(half):
-                    shown += f" ± {_rounded(half, places)}"
-            css = ' class="key"' if column in keys else ""
-            cells.append(f'<td{css} data-value="{_text(str(value))}">{shown}</td>')
-        rows.append(f"<tr>{''.join(cells)}</tr>")
+    cells = [_cells(table[c], c in keys, decimals.get(c), halves.get(c)) for c in columns]
+    rows = [f"<tr>{''.join(row)}</tr>" for row in zip(*cells, strict=True)]
     return (f'<table class="sortable"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
             "<p class=\"facts\">Click a column's header to sort by it. Values are rounded to the precision their "
             "intervals support.</p>")
+
+
+def _cells(column: pl.Series, key: bool, places: int | None, halves: np.ndarray | None) -> list[str]:
+    """A column's cells, a column at a time (a released table can have 10^5 rows): each shows its
+    value (a metric's rounded to `places`, with its 95% interval) and keeps it whole to sort by."""
+    values = column.to_list()
+    # A number's text has nothing to escape.
+    whole = [str(value) for value in values] if column.dtype.is_numeric() else \
+        [_text(str(value)) for value in values]
+    if key:
+        return [f'<td class="key" data-value="{text}">{text}</td>' for text in whole]
+    if places is None or halves is None:
+        shown = [_num(value) for value in values]
+    else:
+        rounded = _rounder(places)
+        shown = [_num(value) if value is None else
+                 rounded(value) + (f" ± {rounded(half)}" if math.isfinite(half) else "")
+                 for value, half in zip(values, halves.tolist(), strict=True)]
+    return [f'<td data-value="{text}">{cell}</td>' for text, cell in zip(whole, shown, strict=True)]
 
 
 def _accuracy_table(metrics: list[dict[str, Any]]) -> str:

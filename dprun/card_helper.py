@@ -17,13 +17,15 @@ import pickle
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import polars as pl
 
     from dprun.plan import Plan
+
+# The helper imports as this process does, from its sys.path: the same dprun, the same libraries.
+BOOTSTRAP = "import sys; sys.path[:] = sys.argv[1:]; from dprun.card_helper import serve; serve()"
 
 _started: CardHelper | None = None
 
@@ -37,15 +39,11 @@ class CardHelper:
     @classmethod
     def start(cls) -> CardHelper | None:
         """The helper started (it warms up at once), or None if no process can be started."""
-        # The dprun this process runs, whatever the helper's working directory (-P: not prepended).
-        here = str(Path(__file__).resolve().parent.parent)
-        inherited = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": here if not inherited else here + os.pathsep + inherited}
         if not sys.executable:
             return None
         try:
-            process = subprocess.Popen([sys.executable, "-P", "-m", "dprun.card_helper"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            process = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, *sys.path], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             return None
         return cls(process)
@@ -99,7 +97,8 @@ def release_card(plan: Plan, tables: dict[str, pl.DataFrame], release: dict[str,
     return card.release_card(plan, tables, release)
 
 
-def _serve() -> None:
+def serve() -> None:
+    """The helper's side: warm up, then draw the card it is sent (`BOOTSTRAP` calls this)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What unpickling the plan and the tables imports, and what drawing them does.
     import polars  # noqa: F401
@@ -117,7 +116,3 @@ def _serve() -> None:
     # The run waits for this process to end: the interpreter's own clean-up (~0.1 s with
     # matplotlib loaded) would only delay it.
     os._exit(0)
-
-
-if __name__ == "__main__":
-    _serve()
