@@ -356,8 +356,7 @@ def _fit_margins(figure: Figure, labels: list[str]) -> None:
 
     font, measure = FontProperties(size=rcParams["ytick.labelsize"]), TextToPath()
     with warnings.catch_warnings():
-        # (?s): a key's line break is a glyph missing too; the chart draws it as lines of their own.
-        warnings.filterwarnings("ignore", message="(?s)Glyph .* missing from font", category=UserWarning)
+        _ignore_missing_glyphs()
         widest = max((measure.get_text_width_height_descent(line, font, ismath=False)[0]
                       for label in labels for line in label.split("\n")), default=0.0)
     width, height = figure.get_size_inches()
@@ -389,10 +388,16 @@ def _svg(figure: Figure) -> str:
     # own. A key with a character the bundled font lacks is drawn as a box in the chart
     # (the table beside it shows the text): not worth a warning.
     with warnings.catch_warnings(), matplotlib.rc_context({"svg.hashsalt": "dprun", "svg.fonttype": "path"}):
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        _ignore_missing_glyphs()
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
     return text[text.index("<svg"):]
+
+
+def _ignore_missing_glyphs() -> None:
+    """Within `warnings.catch_warnings()`: no warning of a key's character the font lacks (a line
+    break, measured alone, among them: (?s))."""
+    warnings.filterwarnings("ignore", message="(?s)Glyph .* missing from font", category=UserWarning)
 
 
 # Selection and the choice of auto bounds in greys; every noisy quantity its own colour, then
