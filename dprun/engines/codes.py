@@ -15,9 +15,8 @@ A privacy unit gets a code that is unique among the units of its shard:
 * `RangeCodes`: integer columns (a compound unit of integers too), coded as keys are,
   packed with the key before the rows are sharded, when both fit in 62 bits;
 * `ShardUnits`: any other unit (text, dates, mixed columns, integers too far apart),
-  coded once its shard is in memory: one text column by a dictionary of the shard's texts,
-  others by a keyed hash of its values, checked to tell the shard's units apart, or by its
-  dense rank there (`shard_unit_codes`).
+  coded once its shard is in memory by a keyed hash of its values, checked to tell the
+  shard's units apart, or by its dense rank there (`shard_unit_codes`).
 
 Every code is exact: two people merged by a collision would break the guarantee, so a hash
 stands for a unit only where it is checked to tell the units of its shard apart (a keyed hash
@@ -185,20 +184,14 @@ class Codes:
 
 
 def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int) -> pl.Series:
-    """Each row's unit code within its shard, below 2^bits where the shard has fewer units.
+    """Each row's unit code within its shard, below 2^bits.
 
-    A unit of one text column: its place in a dictionary of the shard's own texts (a Categorical
-    of categories made for this shard alone, and dropped with it), exact by construction in one
-    pass (0.93 s for 2·10^7 rows, where the keyed hash and its check took 1.2 s and, on
-    the collision 2·10^6 units in 42 bits often have, the rank 1.7 s more). Any other unit:
-    the top bits of a keyed hash of the unit's values where they tell the shard's units apart,
+    The top bits of a keyed hash of the unit's values where they tell the shard's units apart,
     which is checked exactly (as many distinct codes as distinct units: then no two units share
-    a code); else, when two units collide, the unit's dense rank among the shard's units.
+    a code); else, when two units collide, the unit's dense rank among the shard's units. The
+    hash and the check cost about a third of the rank (a sort of the values) on text ids.
     """
     columns = list(units.columns)
-    if len(columns) == 1 and shard.schema[columns[0]] == pl.String:
-        text = pl.col(columns[0]).cast(pl.Categorical(pl.Categories.random()))
-        return shard.select(text.to_physical().cast(pl.Int64).alias(UNIT)).to_series()
     unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
     top_bits = unit.hash(seed) // pl.lit(1 << (64 - bits), dtype=pl.UInt64)
     hashed = shard.select(top_bits.cast(pl.Int64).alias(UNIT)).to_series()

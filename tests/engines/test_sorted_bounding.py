@@ -351,21 +351,6 @@ def test_shard_unit_codes_tell_every_unit_apart(bits: int) -> None:
     assert int(codes.max()) < 2**bits if bits == 40 else int(codes.max()) == pairs.height - 1, f"seed={seed}"
 
 
-def test_a_text_unit_is_coded_by_a_dictionary_of_its_shard() -> None:
-    """One code per text, 0 .. units − 1 (below 2^bits whatever the hash would do), texts that
-    differ only in case or trailing space or by an empty one told apart; a second shard's
-    dictionary starts again at 0."""
-    seed = fresh_seed()
-    rng = np.random.default_rng(seed)
-    texts = [f"id-{i}" for i in range(300)] + ["ID-1", "id-1 ", "", "é", "e\u0301"]
-    shard = pl.DataFrame({"uid": rng.choice(texts, 5000)})
-    for _ in range(2):
-        codes = codes_module.shard_unit_codes(shard, ShardUnits(("uid",)), 9, seed % 2**64)
-        pairs = shard.with_columns(codes).unique()
-        assert pairs.height == shard["uid"].n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
-        assert int(codes.min()) == 0 and int(codes.max()) == pairs.height - 1, f"seed={seed}"
-
-
 @pytest.mark.parametrize("bits,count", [(1, 2), (7, 48), (20, 3), (24, 48), (31, 500)])
 def test_unit_mix_is_a_bijection_onto_short_codes(bits: int, count: int) -> None:
     """Every unit code lands in one shard, coded there below ⌈2^bits / count⌉ once the shard's
