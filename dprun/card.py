@@ -236,7 +236,7 @@ def _sizes_sentence(metric: dict[str, Any]) -> str:
 def _two_digits(value: float) -> str:
     """A number with two significant digits, as intervals are shown."""
     places = _decimals(np.array([float(value)]))
-    return _num(value) if places is None else _rounded(value, places)
+    return _num(value) if places is None else _rounder(places)(value)
 
 
 def _listed(parts: list[str]) -> str:
@@ -301,12 +301,9 @@ def _decimals(halves: np.ndarray) -> int | None:
     return 1 - math.floor(math.log10(float(known.min())))
 
 
-def _rounded(value: Any, decimals: int) -> str:
-    return _rounder(decimals)(value)
-
-
 def _rounder(decimals: int) -> Callable[[Any], str]:
-    """`_rounded` to these decimals, its format made once for a column's many values."""
+    """A number rounded to these decimals, with thousands separators (anything else as `_num`
+    shows it); the format made once, for a column's many values."""
     spec = f",.{max(decimals, 0)}f"
 
     def rounded(value: Any) -> str:
