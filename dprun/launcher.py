@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 STARTING = "interrupted while starting; nothing was published"
 
@@ -23,16 +23,32 @@ def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
     """SIGINT/SIGTERM before the CLI installs its handlers (while Polars and numpy import, ~0.5 s)
     end the process with exit 130 and one message, as JSON under --format json: nothing has
     been read or written yet."""
+    # Python runs a handler again for a signal that comes while it runs, between any two of
+    # its steps, but never once the signal is ignored. A nested run before this line writes the
+    # one message and ends the process. The message goes to the descriptor, not through the
+    # stream: a buffered stream raises when entered twice (a burst of signals, or a signal
+    # that lands while the process writes).
+    for signum_to_ignore in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum_to_ignore, signal.SIG_IGN)
     arguments = sys.argv[1:]
     if "--format=json" in arguments or any(a == "json" and arguments[i - 1] == "--format"
                                            for i, a in enumerate(arguments) if i > 0):
         problem = {"file": "", "line": None, "column": None, "field": "", "message": STARTING}
-        sys.stdout.write('{"ok": false, "exit_code": 130, "problems": [' + _json_object(problem) + "]}\n")
-        sys.stdout.flush()
+        _write(sys.stdout, '{"ok": false, "exit_code": 130, "problems": [' + _json_object(problem) + "]}\n")
     else:
-        sys.stderr.write(f"error: {STARTING}\n")
-        sys.stderr.flush()
+        _write(sys.stderr, f"error: {STARTING}\n")
     os._exit(130)
+
+
+def _write(stream: TextIO, text: str) -> None:
+    """Write `text` to the descriptor under `stream`, whole; nothing if there is none."""
+    try:
+        data = text.encode()
+        descriptor = stream.fileno()
+        while data:
+            data = data[os.write(descriptor, data):]
+    except (OSError, ValueError, AttributeError):  # no descriptor (closed, or not a file)
+        return
 
 
 def _json_object(fields: dict[str, str | None]) -> str:

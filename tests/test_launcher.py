@@ -38,3 +38,38 @@ def test_polars_allocator_takes_the_options_set_before_it_is_imported() -> None:
             "import polars as pl; pl.DataFrame({'a': [1]})")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment)
     assert "opt.dirty_decay_ms: 4321" in result.stderr + result.stdout
+
+
+# A stream on the real stderr whose every write first takes a signal, as a burst of signals
+# lands inside the handler's own writing (CI saw "reentrant call inside BufferedWriter").
+SIGNAL_INSIDE_WRITES = """
+import os, signal, sys
+import dprun.launcher
+
+class SignalledStream:
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, text):
+        signal.raise_signal(signal.SIGINT)
+        return self.stream.write(text)
+    def flush(self):
+        self.stream.flush()
+    def fileno(self):
+        return self.stream.fileno()
+
+sys.stderr = SignalledStream(sys.stderr)
+sys.stdout = SignalledStream(sys.stdout)
+os.kill(os.getpid(), signal.SIG)
+"""
+
+
+def test_signals_inside_the_starting_handler_end_the_process_with_one_message() -> None:
+    for signum, arguments, expected_out, expected_err in (
+            ("SIGINT", [], "", "error: interrupted while starting; nothing was published\n"),
+            ("SIGTERM", ["--format", "json"],
+             '{"ok": false, "exit_code": 130, "problems": [{"file": "", "line": null, "column": null, '
+             '"field": "", "message": "interrupted while starting; nothing was published"}]}\n', "")):
+        code = SIGNAL_INSIDE_WRITES.replace("signal.SIG)", f"signal.{signum})")
+        result = subprocess.run([sys.executable, "-c", code, "run", *arguments], capture_output=True,
+                                text=True, timeout=60)
+        assert (result.returncode, result.stdout, result.stderr) == (130, expected_out, expected_err), result
