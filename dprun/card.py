@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dprun.mechanisms.normal import STDLIB_LIMIT
 
 if TYPE_CHECKING:
     import polars as pl
@@ -46,10 +45,8 @@ CHART_PARTITIONS = 15
 MARGINS = {"left": 0.12, "bottom": 0.55, "right": 0.3, "top": 0.1}
 MOST_LEFT = 0.6
 POINTS_PER_INCH = 72.0
-# Points of a keep curve: no more than the normal CDF computes from the standard library
-# (`normal.STDLIB_LIMIT`), so that drawing one imports no scipy (0.1 s of the card helper's
-# start, which a run can wait for).
-KEEP_CURVE_POINTS = STDLIB_LIMIT
+# Points of a keep curve: enough for a smooth line at the chart's size.
+KEEP_CURVE_POINTS = 64
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 2.5rem; }
