@@ -49,11 +49,11 @@ from dprun.ledger import open_ledger
 from dprun.ledger.spend import Spend
 from dprun.ledger.store import SqlLedger
 from dprun.publish import refuse_existing, staged, store_of, write_whole
-from dprun.spec import ValidatedSpec, validate_spec
 from dprun.spec.input_schema import Located
 from dprun.spec.models import InputSpec
 from dprun.spec.rules import ledger_file_problem, report_files
 from dprun.spec.strict_rows import check_rows
+from dprun.spec.validation import ValidatedSpec, validate_spec
 from dprun.small_files import loads_json, read_small_file
 from dprun.verify import MAX_REPORT_BYTES, Verified, sha256_of, verify_release
 

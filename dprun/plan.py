@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dprun.mechanisms.bound_choice import BoundChoicePlan, ChosenBounds
 from dprun.mechanisms.noise import NoisePlan
 from dprun.mechanisms.quantile_candidates import CandidatePlan
 from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.selection import SelectionMechanism
-from dprun.spec.models import PostProcess
+
+if TYPE_CHECKING:
+    # Only a type here: the card helper unpickles plans, and importing the spec's models (with
+    # pydantic) would slow its start; a plan that holds one imports it as it is unpickled.
+    from dprun.spec.models import PostProcess
 
 PartitionMode = Literal["global", "public", "private"]
 

@@ -49,10 +49,10 @@ from dprun.plan import (
     Unplannable,
 )
 from dprun.quantile_choice import QuantileChoice, quantile_choices, too_small_for_a_tree
-from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import declared_types, public_keys_frame, query_schema
 from dprun.spec.models import BOUND_LIMIT, QUANTILE_KINDS, ContributionBounds, Metric, Query, Spec
 from dprun.spec.rules import output_columns, quantile_levels
+from dprun.spec.validation import ValidatedSpec
 
 # Each mechanism is calibrated for a hair less than its share so that float rounding in
 # the shares can never make the composed total exceed the budget.

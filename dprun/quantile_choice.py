@@ -26,10 +26,10 @@ from dprun.mechanisms.quantities import (
     quantile_tree,
 )
 from dprun.plan import Unplannable
-from dprun.spec import ValidatedSpec
 from dprun.spec.input_schema import query_schema
 from dprun.spec.models import QUANTILE_KINDS, Metric, Query
 from dprun.spec.rules import quantile_levels
+from dprun.spec.validation import ValidatedSpec
 
 # Candidate grids and tree leaves (docs/mechanisms.md, "Quantiles"): one per whole number of an
 # integer column with whole bounds at most MAX_WHOLE_VALUES values apart; else DEFAULT_CANDIDATES

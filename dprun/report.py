@@ -14,7 +14,7 @@ import math
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dprun import __version__
 from dprun.errors import DataError
@@ -35,7 +35,10 @@ from dprun.mechanisms.quantile_candidates import (
 )
 from dprun.mechanisms.quantile_tree import TreeShape, rank_error_std
 from dprun.plan import MetricPlan, NoisyQuantity, Plan, QueryPlan
-from dprun.spec.input_schema import InputInfo
+
+if TYPE_CHECKING:
+    # Only a type here: importing the schema readers would slow the card helper's start.
+    from dprun.spec.input_schema import InputInfo
 
 LIBRARIES = ("polars", "pyarrow", "numpy", "scipy", "dp-accounting", "pydantic")
 EXAMPLE_PARTITION_SIZES = (100, 10_000)

@@ -29,7 +29,7 @@ from dprun.ledger.location import ENVIRONMENT_VARIABLE, Location
 from dprun.ledger.spend import DECIMAL, Spend, decimal_text, exact
 
 if TYPE_CHECKING:  # the spec package imports Polars, which `dprun --help` does not need
-    from dprun.spec import LoadedSpec
+    from dprun.spec.validation import LoadedSpec
 
 LEDGER_VERSION = 1
 FINGERPRINT_PREFIX = "inputs-sha256:"

@@ -18,7 +18,7 @@ from dprun.errors import OutputError
 from dprun.small_files import path_problem
 
 if TYPE_CHECKING:  # the spec package imports Polars, which `dprun --help` does not need
-    from dprun.spec import LoadedSpec
+    from dprun.spec.validation import LoadedSpec
 
 ENVIRONMENT_VARIABLE = "DPRUN_LEDGER"
 DATABASE_SCHEMES = ("postgresql://", "postgres://")

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from dprun.errors import SpecError
-from dprun.spec import validate_spec
+from dprun.spec.validation import validate_spec
 
 SPEC = """version: 1
 privacy_unit: uid

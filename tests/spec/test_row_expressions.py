@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 
 from dprun.errors import SpecError
-from dprun.spec import validate_spec
 from dprun.spec.row_expressions import NotRowWise, parse_row_expression, row_filter
+from dprun.spec.validation import validate_spec
 
 ROW_WISE = [
     "x > 1",

@@ -24,7 +24,7 @@ import polars as pl
 import pytest
 
 from dprun.errors import Problem, SpecError
-from dprun.spec import load_spec, validate_spec
+from dprun.spec.validation import load_spec, validate_spec
 from dprun.spec.yaml_loader import parse_text
 from dprun_testing import invoke
 
