@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from dprun import card_helper
 from dprun import scaffold as scaffold_mod
 from dprun.errors import DataError, DprunError, OutputError, Problem, SpecError
 from dprun.ledger import entries as ledger_entries
@@ -241,6 +242,7 @@ def run(
 
     validated = validate(spec_path, engine, spark_options, progress)
     the_plan = plan(validated)
+    card_helper.draw_ahead(the_plan)
     source = RandomSource.system() if seed is None else RandomSource.from_seed(seed)
     release_id = secrets.token_hex(8)
     reserved = _reserve(validated, ledger, lambda: _release(validated, the_plan), new_release, ledger_entries.Pending(
@@ -538,15 +540,14 @@ def _publish(validated: ValidatedSpec, the_plan: Plan, tables: dict[str, pl.Data
     """Stage every output and the reports, commit them at once, then mark the reservation published;
     returns the report, and the entry as marked with the dataset's status after it (None without a ledger).
     """
-    from dprun.card_helper import release_card
     from dprun.render import explanation_markdown
     from dprun.report import release_report
 
     _, report_md, report_html = report_files(the_plan.report_path)
     released_on = _now()[:10]
     # Drawn before staging starts (matplotlib takes a while): publication itself stays short.
-    card = release_card(the_plan, tables, {"release_id": release_id, "released_on": released_on,
-                                           "non_private_test_seed": source.is_test_seed})
+    card = card_helper.release_card(the_plan, tables, {"release_id": release_id, "released_on": released_on,
+                                                       "non_private_test_seed": source.is_test_seed})
     digests: dict[Path, str] = {}
     recorded = None
     with staged(store_of(the_plan.report_path), release_id) as staging:

@@ -25,8 +25,8 @@ import html
 import io
 import math
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -82,15 +82,17 @@ document.body.dataset.ready = "1";
 
 
 def release_card(plan: Plan, tables: dict[str, pl.DataFrame] | None = None,
-                 release: dict[str, Any] | None = None) -> str:
+                 release: dict[str, Any] | None = None, charts: Charts | None = None) -> str:
     """The card's HTML: of a release, with its tables by query name and `release` (its
     `release_id`, `released_on` and `non_private_test_seed`, as in report.json); before a
-    run, of the plan alone.
+    run, of the plan alone. `charts` may hold the plan's charts drawn ahead.
 
     Drawn from the plan (`report.explain`) and the released tables only, so it can be drawn
     before publication starts and the all-or-nothing switch stays short.
     """
     from dprun.report import explain
+
+    charts = Charts() if charts is None else charts
 
     report = {**explain(plan), **(release or {})}
     title = f"DP release: {report['spec'] or 'unnamed spec'}" if tables is not None else \
@@ -109,10 +111,10 @@ def release_card(plan: Plan, tables: dict[str, pl.DataFrame] | None = None,
         "ε per query, split between the noisy quantities each metric is computed from."
     if report["accounting"] == "pld":
         caption += " Under pld accounting the release's total ε is less than the sum of these parts."
-    parts.append(_figure("budget", _budget_chart(report), caption))
+    parts.append(_figure("budget", charts.budget(report["queries"]), caption))
     for query, explained in zip(plan.queries, report["queries"], strict=True):
         table = None if tables is None else tables[query.name]
-        parts.append(_query_section(query, explained, table))
+        parts.append(_query_section(query, explained, table, charts.keep(query)))
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_text(title)}</title>\n'
             f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
@@ -152,7 +154,41 @@ def _auto_bounds_text(auto: dict[str, Any] | None) -> str:
     return text
 
 
-def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFrame | None) -> str:
+Drawn = TypeVar("Drawn", str, str | None)
+
+
+class Charts:
+    """The charts that depend on the plan alone, each kept by what it shows: drawn ahead from
+    a plan (`card_helper` does this while the run executes), then taken by `release_card`
+    where its plan shows the same (a plan whose auto bounds were chosen since may not)."""
+
+    def __init__(self) -> None:
+        self._drawn: dict[Hashable, Any] = {}
+
+    def draw_ahead(self, plan: Plan) -> None:
+        from dprun.report import explain
+
+        self.budget(explain(plan)["queries"])
+        for query in plan.queries:
+            self.keep(query)
+
+    def budget(self, queries: list[dict[str, Any]]) -> str:
+        """The budget chart of the explained queries."""
+        rows = tuple((query["name"], tuple(_budget_segments(query))) for query in queries)
+        return self._once(("budget", rows), lambda: _budget_chart(rows))
+
+    def keep(self, query: QueryPlan) -> str | None:
+        """The query's keep curve (None without private selection)."""
+        selection = query.selection
+        return self._once(("keep", selection.mode, selection.detail), lambda: _keep_chart(query))
+
+    def _once(self, shown: Hashable, draw: Callable[[], Drawn]) -> Drawn:
+        if shown not in self._drawn:
+            self._drawn[shown] = draw()
+        return self._drawn[shown]
+
+
+def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFrame | None, keep: str | None) -> str:
     partitions = explained["partitions"]
     bounds = explained["contribution_bounds"]
     parts = [f"<h2>Query {_text(query.name)}</h2>",
@@ -162,7 +198,6 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
              f"<p>{_partitions_text(partitions, table)}</p>"]
     parts += [f'<p class="warning"><strong>The automatic bounds saw too little:</strong> {_text(warning)}.</p>'
               for warning in ((explained["auto_bounds"] or {}).get("chosen") or {}).get("warnings", [])]
-    keep = _keep_chart(query)
     if keep is not None:
         counted = ("units, not rows, each in as many partitions as the bounds allow: the most a partition can need"
                    if query.selection.mechanism == "weighted_gaussian_threshold" else
@@ -401,9 +436,13 @@ AUTO_BOUNDS_COLOUR = "#cccccc"
 HATCHES = ("", "//", "..", "xx", "\\\\")
 
 
-def _budget_segments(query: dict[str, Any]) -> list[tuple[str, float, str | None]]:
-    """The query's parts of ε in order, each with its label and fixed colour (None: the next one)."""
-    segments: list[tuple[str, float, str | None]] = []
+# A part of a query's ε: its label, its ε and its fixed colour (None: the next one).
+Segment = tuple[str, float, str | None]
+
+
+def _budget_segments(query: dict[str, Any]) -> list[Segment]:
+    """The query's parts of ε in order."""
+    segments: list[Segment] = []
     if query.get("auto_bounds"):
         segments.append(("choosing the auto bounds", query["auto_bounds"]["epsilon"], AUTO_BOUNDS_COLOUR))
     partitions = query["partitions"]
@@ -415,27 +454,26 @@ def _budget_segments(query: dict[str, Any]) -> list[tuple[str, float, str | None
     return segments
 
 
-def _budget_chart(report: dict[str, Any]) -> str:
+def _budget_chart(rows: tuple[tuple[str, tuple[Segment, ...]], ...]) -> str:
+    """A bar per query (its name, its segments) of its parts of ε."""
     from matplotlib import colormaps
 
-    queries = report["queries"]
-    rows = [_budget_segments(query) for query in queries]
-    drawn = sum(len(segments) for segments in rows)
-    figure = _new_figure(1.2 + 0.6 * len(queries) + 0.18 * drawn)
+    drawn = sum(len(segments) for _, segments in rows)
+    figure = _new_figure(1.2 + 0.6 * len(rows) + 0.18 * drawn)
     axes = figure.add_subplot()
     tab20 = colormaps["tab20"]
     palette = [tab20(index) for index in range(tab20.N)]
     painted = 0
-    for row, (query, segments) in enumerate(zip(queries, rows, strict=True)):
+    for row, (name, segments) in enumerate(rows):
         left = 0.0
         for label, epsilon, fixed in segments:
             colour, hatch = (fixed, "") if fixed else \
                 (palette[painted % len(palette)], HATCHES[painted // len(palette) % len(HATCHES)])
             painted += fixed is None
             axes.barh(row, epsilon, left=left, color=colour, hatch=hatch, edgecolor="white",
-                      label=_plain(f"{query['name']}: {label}"))
+                      label=_plain(f"{name}: {label}"))
             left += epsilon
-    axes.set_yticks(range(len(queries)), [_plain(q["name"]) for q in queries])
+    axes.set_yticks(range(len(rows)), [_plain(name) for name, _ in rows])
     axes.invert_yaxis()
     axes.set_xlabel("ε")
     figure.legend(loc="outside lower center", ncols=1 if drawn <= 8 else 2, fontsize=8, frameon=False)

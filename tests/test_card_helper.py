@@ -45,16 +45,57 @@ def sql_release(tmp_path: Path) -> Release:
     return released(tmp_path, "restaurants_sql.yaml")
 
 
+@pytest.mark.parametrize("ahead", [True, False], ids=["plan sent ahead", "no plan ahead"])
 @pytest.mark.parametrize("a_release", ["release", "sql_release"])
-def test_the_helper_draws_the_card_the_run_would(a_release: str, request: pytest.FixtureRequest) -> None:
+def test_the_helper_draws_the_card_the_run_would(a_release: str, ahead: bool, request: pytest.FixtureRequest) -> None:
     release = request.getfixturevalue(a_release)
     helper = CardHelper.start()
     assert helper is not None
     try:
+        assert not ahead or helper.draw_ahead(release[0])
         drawn = helper.draw(*release)
     finally:
         helper.stop()
     assert drawn == card.release_card(*release)
+
+
+def test_charts_drawn_ahead_are_taken_where_the_card_s_plan_shows_the_same(release: Release,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, tables, facts = release
+    charts = card.Charts()
+    charts.draw_ahead(plan)
+
+    expected = card.release_card(plan, tables, facts)
+
+    def drawn_again(*_: Any) -> str:
+        raise AssertionError("a chart drawn ahead was drawn again")
+    monkeypatch.setattr(card, "_budget_chart", drawn_again)
+    monkeypatch.setattr(card, "_keep_chart", drawn_again)
+    assert card.release_card(plan, tables, facts, charts) == expected
+
+
+def test_charts_drawn_ahead_from_another_plan_are_not_taken(release: Release, tmp_path: Path) -> None:
+    # As where the run's plan changes after it was sent (auto bounds chosen from the data).
+    plan, tables, facts = release
+    spec = tmp_path / "specs" / "restaurants_private.yaml"
+    spec.write_text(spec.read_text().replace("epsilon: 1.0", "epsilon: 2.0"))
+    other = api.plan(api.validate(spec))
+    assert other.queries[0].selection.detail != plan.queries[0].selection.detail
+    charts = card.Charts()
+    charts.draw_ahead(other)
+    assert card.release_card(plan, tables, facts, charts) == card.release_card(plan, tables, facts)
+
+
+def test_where_the_helper_is_gone_the_plan_is_not_sent_and_the_run_draws_the_card(
+        release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = CardHelper.start()
+    assert helper is not None
+    helper._process.kill()
+    helper._process.wait()
+    monkeypatch.setattr(card_helper, "_started", helper)
+    card_helper.draw_ahead(release[0])
+    assert card_helper._started is None  # stopped and reaped
+    assert card_helper.release_card(*release) == card.release_card(*release)
 
 
 def test_where_the_helper_is_gone_the_run_draws_the_card(release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
