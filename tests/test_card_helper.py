@@ -45,8 +45,8 @@ def sql_release(tmp_path: Path) -> Release:
     return released(tmp_path, "restaurants_sql.yaml")
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["plan sent ahead", "no plan ahead"])
-@pytest.mark.parametrize("a_release", ["release", "sql_release"])
+@pytest.mark.parametrize(("a_release", "ahead"), [("release", True), ("release", False), ("sql_release", True)],
+                         ids=["plan sent ahead", "no plan ahead", "SQL, plan sent ahead"])
 def test_the_helper_draws_the_card_the_run_would(a_release: str, ahead: bool, request: pytest.FixtureRequest) -> None:
     release = request.getfixturevalue(a_release)
     helper = CardHelper.start()
