@@ -1,7 +1,7 @@
 """Wall time, peak memory and utility of `dprun run` against plain Polars baselines.
 
 Usage: python benchmarks/bench_run.py [--data benchmarks/data/synth_1e6.parquet]
-           [--cases a,b,c1,c2,c3,a3,at,a2,d1,d2,d3,s] [--repeat N] [--limit CASE=GB ...]
+           [--cases a,b,c1,c2,c3,a3,at,a2,ar,d1,d2,d3,d4,s] [--repeat N] [--limit CASE=GB ...]
            [--max-rss CASE=GB ...] [--cpus 0 --cpus 0,1 ...] [--keep DIR]
 (with dprun installed, e.g. pip install -e .; data from generate_synthetic.py)
 
@@ -24,9 +24,13 @@ group-by on the same file and the same key columns (c2's floor is (a)):
   at  floor of d1: (a) on the text copy of the data (user_id "u123", key "k42"; written next
       to --data once, as <data>_text.parquet)
   a2  floor of d3: a count per (key, day)
+  ar  floor of d4: (a) on the shuffled copy of the data (the same rows in a random order;
+      written next to --data once, as <data>_shuffled.parquet)
   d1  c2's spec with the text unit and key, on the text copy
   d2  c2's spec with the compound privacy unit [user_id, day] (floor: a)
   d3  c2's spec grouped by the two-column key [key, day]
+  d4  c2's spec on the shuffled copy (the generated data lists each user's rows together;
+      a real export may not)
 
 The lower bound of c2 on the sorted path (floor: a):
 
@@ -85,7 +89,7 @@ import polars as pl
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE / "data" / "synth_1e6.parquet"
 SPECS = {"c1": "plume_paper.yaml", "c2": "plume_auto.yaml", "c3": "plume_sum_mean.yaml",
-         "d1": "plume_auto.yaml", "d2": "plume_auto.yaml", "d3": "plume_auto.yaml"}
+         "d1": "plume_auto.yaml", "d2": "plume_auto.yaml", "d3": "plume_auto.yaml", "d4": "plume_auto.yaml"}
 DESCRIPTIONS = {
     "a": "polars group-by count (exact)",
     "b": "polars bounded L0=64 L∞=1 (non-private)",
@@ -95,13 +99,18 @@ DESCRIPTIONS = {
     "a3": "polars count, sum, mean of clipped value",
     "at": "polars group-by count, text file",
     "a2": "polars group-by count per (key, day)",
+    "ar": "polars group-by count, shuffled rows",
     "d1": "dprun run, text unit and key",
     "d2": "dprun run, unit [user_id, day]",
     "d3": "dprun run, key [key, day]",
+    "d4": "dprun run, shuffled rows",
     "s": "sorted path's per-row work alone (no shuffle)",
 }
-ALL_CASES = ["a", "b", "c1", "c2", "c3", "a3", "at", "a2", "d1", "d2", "d3", "s"]
-FLOOR = {"c1": "a", "c2": "a", "c3": "a3", "d1": "at", "d2": "a", "d3": "a2", "s": "a"}
+ALL_CASES = ["a", "b", "c1", "c2", "c3", "a3", "at", "a2", "ar", "d1", "d2", "d3", "d4", "s"]
+FLOOR = {"c1": "a", "c2": "a", "c3": "a3", "d1": "at", "d2": "a", "d3": "a2", "d4": "ar", "s": "a"}
+# The cases that read a copy of --data: the text copy, the shuffled copy.
+TEXT_CASES, SHUFFLED_CASES = ("at", "d1"), ("ar", "d4")
+SHUFFLE_SEED = 46
 # What the d cases change in c2's spec: the privacy unit and group_by lines.
 FAMILY_EDITS = {"d2": ("privacy_unit: user_id", "privacy_unit: [user_id, day]"),
                 "d3": ("group_by: [key]", "group_by: [key, day]")}
@@ -163,7 +172,7 @@ with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
 present = np.flatnonzero(counts)
 pl.DataFrame({"key": present, "records": counts[present]}).write_parquet(out)
 """
-BASELINES = {"a": BASELINE_A, "a3": BASELINE_A3, "at": BASELINE_A, "a2": BASELINE_A2, "s": BASELINE_S}
+BASELINES = {"a": BASELINE_A, "a3": BASELINE_A3, "at": BASELINE_A, "a2": BASELINE_A2, "ar": BASELINE_A, "s": BASELINE_S}
 BASELINE_B = f"""
 import sys, polars as pl
 data, out = sys.argv[1:3]
@@ -324,6 +333,18 @@ def text_copy(data: Path) -> Path:
     return path
 
 
+def shuffled_copy(data: Path) -> Path:
+    """The data's rows in a random order (fixed seed), made once next to it."""
+    path = data.with_name(f"{data.stem}_shuffled.parquet")
+    if not path.is_file() or path.stat().st_mtime < data.stat().st_mtime:
+        print(f"writing {path} (the rows shuffled) …", flush=True)
+        rows = pl.scan_parquet(data).with_row_index("row")
+        # Ordered by a hash of the row number: a permutation, sorted by the engine that spills.
+        shuffled = rows.sort(pl.col("row").hash(SHUFFLE_SEED)).drop("row")
+        shuffled.sink_parquet(path, engine="streaming")
+    return path
+
+
 def run_once(case: str, data: Path, tmp: Path, limit_gb: float | None, max_rss_gb: float | None,
              exact: pl.DataFrame | None, result: Result, cpus: frozenset[int] | None = None) -> None:
     """One run of a case, added to `result`; utility only for the integer-key count cases."""
@@ -338,7 +359,7 @@ def run_once(case: str, data: Path, tmp: Path, limit_gb: float | None, max_rss_g
         result.error = f"exit {measured.status}{hint}: {measured.message}"
         return
     result.table = pl.read_parquet(out)
-    if case in ("a", "b", "c1", "c2", "c3"):
+    if case in ("a", "ar", "b", "c1", "c2", "c3", "d4"):
         result.utilities.append(utility(result.table, result.table if exact is None else exact))
     if report_path is not None:
         result.report = json.loads(report_path.read_text())
@@ -494,7 +515,8 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
     print(f"data: {args.data} — {rows:,} rows, {args.data.stat().st_size / 2**20:,.1f} MiB Parquet, "
           f"{rows * BYTES_PER_ROW / 1e9:.2f} GB in memory ({BYTES_PER_ROW} B/row); "
           f"{os.cpu_count()} cores, polars {pl.__version__}; load average {os.getloadavg()[0]:.2f}")
-    text = text_copy(args.data) if {"at", "d1"} & set(args.cases) else None
+    copies = {case: copy(args.data) for cases, copy in ((TEXT_CASES, text_copy), (SHUFFLED_CASES, shuffled_copy))
+              if set(cases) & set(args.cases) for case in cases}
     by_cpus = {cpus: {case: Result(case) for case in args.cases} for cpus in args.cpus}
     rounds = max(args.repeat, BASELINE_RUNS if args.cases == ["a"] else args.repeat)
     for round_index in range(rounds):
@@ -502,7 +524,7 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
         for cpus, results in by_cpus.items():
             for case in args.cases:
                 limit, max_rss = args.limit.get(case), args.max_rss.get(case)
-                data = text if case in ("at", "d1") and text is not None else args.data
+                data = copies.get(case, args.data)
                 exact = results["a"].table if case != "a" else None
                 # (a) runs at least BASELINE_RUNS times: its extra runs come in the first round.
                 times = BASELINE_RUNS - rounds + 1 if case == "a" and round_index == 0 and rounds < BASELINE_RUNS else 1
