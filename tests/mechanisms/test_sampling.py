@@ -334,17 +334,33 @@ def test_system_source_draws_fresh_uniform_bits() -> None:
     assert p >= ALPHA
 
 
-def test_large_system_reads_are_uniform_in_both_halves() -> None:
-    """A read of at least PARALLEL_READ_BYTES is joined from two threads' reads: each half
-    must be fresh uniform bytes (a half left empty, zero or repeated fails)."""
-    n = 2 * sampling.PARALLEL_READ_BYTES + 1
+@pytest.mark.parametrize("cores", [2, 5])
+def test_large_system_reads_are_uniform_in_every_part(cores: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large read is joined from one read per core: each part must be fresh uniform bytes
+    (a part left empty, zero or repeated fails)."""
+    monkeypatch.setattr(sampling, "_usable_cores", lambda: cores)
+    n = cores * sampling.PARALLEL_READ_BYTES // 2 + 1
+    sizes = sampling.read_parts(n, cores)
+    assert len(sizes) == cores
     data = np.frombuffer(RandomSource.system().random_bytes(n), dtype=np.uint8)
     assert data.size == n
-    first, second = data[: n // 2], data[n // 2:]
-    assert not np.array_equal(first[:1000], second[:1000])
-    for half in (first, second):
-        counts = np.bincount(half, minlength=256)
-        assert stats.chisquare(counts).pvalue >= ALPHA
+    parts = np.split(data, np.cumsum(sizes)[:-1])
+    assert len({part[:1000].tobytes() for part in parts}) == cores
+    for part in parts:
+        counts = np.bincount(part, minlength=256)
+        assert stats.chisquare(counts).pvalue >= ALPHA / cores
+
+
+@pytest.mark.parametrize("n", [0, 1, sampling.PARALLEL_READ_BYTES - 1, sampling.PARALLEL_READ_BYTES,
+                               10 * sampling.PARALLEL_READ_BYTES + 7])
+@pytest.mark.parametrize("cores", [1, 2, 3, 16, 64])
+def test_reads_are_split_one_part_per_core_none_below_half_the_threshold(n: int, cores: int) -> None:
+    sizes = sampling.read_parts(n, cores)
+    assert sum(sizes) == n and 1 <= len(sizes) <= cores
+    assert max(sizes) - min(sizes) <= 1
+    assert len(sizes) == 1 or min(sizes) >= sampling.PARALLEL_READ_BYTES // 2
+    # As many parts as the cores allow: one more would go below half the threshold.
+    assert len(sizes) == cores or n // (len(sizes) + 1) < sampling.PARALLEL_READ_BYTES // 2
 
 
 def test_hash_seeds_are_four_uint64_ints() -> None:
