@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-
 if TYPE_CHECKING:
     import polars as pl
     from matplotlib.figure import Figure

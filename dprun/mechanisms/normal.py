@@ -65,10 +65,12 @@ def _erfc(values: np.ndarray) -> np.ndarray:
 
 
 def _log_ndtr_series(x: np.ndarray) -> np.ndarray:
-    """`_log_ndtr` below `_SERIES_BELOW`, the same series a whole array at a time."""
+    """log Φ(x) for x below `_SERIES_BELOW` (−inf below `_MOST_NEGATIVE`)."""
     result = np.full(x.shape, -math.inf)
     near = x >= _MOST_NEGATIVE
     y = x[near]
+    # Φ(x) = φ(x)/|x| · Σ_k (−1)^k (2k−1)!!/x^(2k) (asymptotic; at |x| >= 37 ten terms leave
+    # less than 1e-30 relative).
     inverse_square = (1.0 / y) ** 2
     term, total = np.ones_like(y), np.ones_like(y)
     for k in range(1, _SERIES_TERMS):
@@ -87,15 +89,5 @@ def _log_ndtr(value: float) -> float:
         return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
     if x >= _SERIES_BELOW:
         return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
-    if x < _MOST_NEGATIVE:
-        # Also where x² would overflow: numpy checks the FPU's flags after `np.vectorize` and
-        # would warn of an overflow that is right here.
-        return -math.inf
-    # Φ(x) = φ(x)/|x| · Σ_k (−1)^k (2k−1)!!/x^(2k) (asymptotic; at |x| >= 37 ten terms leave
-    # less than 1e-30 relative).
-    inverse_square = (1.0 / x) ** 2
-    term, total = 1.0, 1.0
-    for k in range(1, _SERIES_TERMS):
-        term *= -(2 * k - 1) * inverse_square
-        total += term
-    return -0.5 * x * x - math.log(-x) - _HALF_LOG_2PI + math.log(total)
+    # Far in the lower tail (rare while planning): the array's series, on one value.
+    return float(_log_ndtr_series(np.array([x]))[0])
