@@ -24,10 +24,10 @@ def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
     end the process with exit 130 and one message, as JSON under --format json: nothing has
     been read or written yet."""
     # Python runs a handler again for a signal that comes while it runs, between any two of
-    # its steps, but never once the signal is ignored. A nested run before this line writes the
-    # one message and ends the process. The message goes to the descriptor, not through the
-    # stream: a buffered stream raises when entered twice (a burst of signals, or a signal
-    # that lands while the process writes).
+    # its steps, but not once the signal is ignored; a run nested before that writes the one
+    # message and ends the process itself. The message goes to the descriptor, not through
+    # the stream: a buffered stream raises when entered twice (a burst of signals, or a
+    # signal that lands while the process writes).
     for signum_to_ignore in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum_to_ignore, signal.SIG_IGN)
     arguments = sys.argv[1:]
