@@ -1,6 +1,7 @@
 """The release card drawn by `dprun run`'s helper process (dprun/card_helper.py): the same
-bytes as the run would draw, the run's own drawing where the helper is gone, and a helper
-asked for nothing ends with its input."""
+bytes as the run would draw, with the plan's charts drawn ahead or not; charts drawn ahead
+taken only for the plan they show; the run's own drawing where the helper is gone; a helper
+asked for nothing ends with its input; reading a plan imports none of the spec's checks."""
 
 from __future__ import annotations
 
