@@ -7,6 +7,7 @@ Importable as `dprun_testing` because pyproject's `[tool.pytest.ini_options]` pu
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dprun import cli as dprun_cli
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
@@ -74,3 +77,11 @@ def no_ambient_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
     Use with `pytestmark = pytest.mark.usefixtures("no_ambient_ledger")` after importing it."""
     monkeypatch.delenv("DPRUN_LEDGER", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+def example_copy(tmp_path: Path) -> Path:
+    """`tmp_path` holding a copy of specs/ and a link to sample_data/: the examples run there,
+    their outputs beside them, the repository untouched."""
+    shutil.copytree(REPOSITORY / "specs", tmp_path / "specs")
+    (tmp_path / "sample_data").symlink_to(REPOSITORY / "sample_data")
+    return tmp_path

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
+from dprun_testing import example_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,9 +16,7 @@ def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     text = (ROOT / "docs" / "ci.md").read_text()
     section = text[text.index("## Python API"):]
     [code] = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:1]
-    shutil.copytree(ROOT / "specs", tmp_path / "specs")
-    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(example_copy(tmp_path))
     monkeypatch.delenv("DPRUN_LEDGER", raising=False)
     namespace: dict[str, object] = {}
     exec(compile(code, "docs/ci.md", "exec"), namespace)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from dprun_testing import everything, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
+from dprun_testing import everything, example_copy, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "specs").glob("*.yaml"))
@@ -33,12 +33,6 @@ def chromium() -> str:
     if found is None:
         pytest.skip("no headless Chromium here (Debian package `chromium`; .ci/run installs it)")
     return found
-
-
-def example_copy(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "specs", tmp_path / "specs")
-    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    return tmp_path
 
 
 def released_card(tmp_path: Path, spec: Path, *extra: str) -> Path:

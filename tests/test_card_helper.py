@@ -5,7 +5,6 @@ asked for nothing ends with its input; reading a plan imports none of the spec's
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,11 @@ from typing import Any
 
 import polars as pl
 import pytest
-from dprun_testing import no_ambient_ledger  # noqa: F401 (a fixture)
+from dprun_testing import example_copy, no_ambient_ledger  # noqa: F401 (a fixture)
 
 from dprun import api, card, card_helper
 from dprun.card_helper import CardHelper
 from dprun.plan import Plan
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
 
@@ -27,9 +24,7 @@ Release = tuple[Plan, dict[str, pl.DataFrame], dict[str, Any]]
 
 
 def released(tmp_path: Path, spec: str) -> Release:
-    shutil.copytree(ROOT / "specs", tmp_path / "specs")
-    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    result = api.run(tmp_path / "specs" / spec, seed=7)
+    result = api.run(example_copy(tmp_path) / "specs" / spec, seed=7)
     return result.plan, result.tables, {"release_id": "0" * 16, "released_on": "2026-01-01",
                                         "non_private_test_seed": True}
 

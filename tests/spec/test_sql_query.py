@@ -5,7 +5,6 @@ the spec does, and what SQL can say that dprun cannot bound is refused, located 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,11 @@ import polars as pl
 import pytest
 from ruamel.yaml import YAML
 
-from dprun_testing import everything, invoke, no_ambient_ledger
+from dprun_testing import everything, example_copy, invoke, no_ambient_ledger
 
 pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
 assert no_ambient_ledger  # the fixture is used by name above
 
-ROOT = Path(__file__).resolve().parents[2]
 YAML_FIELDS = ("input", "derive", "filter", "group_by", "metrics")
 
 # Each example spec's queries, written in SQL: (the statement, the fields that stay in YAML beside it).
@@ -88,9 +86,7 @@ def explained(spec: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def examples(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "specs", tmp_path / "specs")
-    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    return tmp_path
+    return example_copy(tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(TWINS))
