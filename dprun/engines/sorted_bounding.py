@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from dprun.engines import release_steps, sorted_quantiles
+from dprun.engines import light_units, release_steps, sorted_quantiles
 from dprun.engines.codes import (
     KEY,
     PACKED,
@@ -80,28 +80,71 @@ MIN_SHARD_ROWS = 2**18
 
 @dataclass
 class _Totals:
-    """Per key code: privacy units, and each quantity's exact sum of partials."""
+    """Per key code: privacy units, and each quantity's exact sum of partials (`table`'s rows, in
+    the order of `sums`, are their int64 parts)."""
 
     units: np.ndarray
+    table: np.ndarray
     sums: dict[str, _ExactSums]
 
     @classmethod
     def zeros(cls, size: int, quantity_ids: list[str]) -> _Totals:
-        return cls(np.zeros(size, np.int64), {qid: _ExactSums(size) for qid in quantity_ids})
+        table = np.zeros((len(quantity_ids), size), np.int64)
+        return cls(np.zeros(size, np.int64), table, {qid: _ExactSums(row) for qid, row in zip(quantity_ids, table)})
 
-    def add(self, keys: np.ndarray, partials: dict[str, np.ndarray], sign: int = 1) -> None:
-        """Add (or with sign −1, take away) these pairs."""
+    def add(self, keys: np.ndarray, partials: dict[str, np.ndarray]) -> None:
+        """Add these pairs."""
         if _is_sparse(keys, self.units.size):
-            np.add.at(self.units, keys, sign)
+            np.add.at(self.units, keys, 1)
             for qid, values in partials.items():
-                self.sums[qid].add_sparse(keys, values, sign)
+                self.sums[qid].add_sparse(keys, values)
             return
         pairs = np.bincount(keys, minlength=self.units.size)
-        if sign < 0:
-            np.negative(pairs, out=pairs)
         self.units += pairs
         for qid, values in partials.items():
-            self.sums[qid].add(keys, values, pairs, sign)
+            self.sums[qid].add(keys, values, pairs)
+
+    def add_light_units(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
+                        partials: dict[str, np.ndarray], weights: np.ndarray, loop: light_units.Loop | None
+                        ) -> np.ndarray:
+        """Add the pairs of units with at most `max_partitions` pairs, through the compiled `loop`
+        where given, else numpy's passes; return the indices of the other units' pairs.
+
+        `partials`: every quantity's but the weights', in the order of the table's rows; where
+        the selection is weighted, w(n) is `weights[n - 1]` (`light_units.compiled_loop`)."""
+        assert list(partials) == list(self.sums)[:len(partials)], "partials in the order of the table's rows"
+        if loop is None:
+            return self._add_light_units_by_numpy(pair_codes, key_bits, max_partitions, partials, weights)
+        reaches = {qid: _reach(values) for qid, values in partials.items()}
+        wide = {qid: values for qid, values in partials.items() if reaches[qid] >= 2**63}
+        table_partials = np.zeros((len(partials), pair_codes.size), np.int64)
+        for row, (qid, values) in enumerate(partials.items()):
+            if qid not in wide:
+                table_partials[row] = values
+                self.sums[qid].reserve(reaches[qid])
+        if weights.size:
+            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * pair_codes.size)
+        heavy = np.empty(pair_codes.size, np.int64)
+        heavy = heavy[:loop(pair_codes, key_bits, max_partitions, weights, table_partials, self.units, self.table, heavy)]
+        if wide:
+            # Sums that int64 could not hold (huge bounds): added exactly, light pairs only.
+            light = np.ones(pair_codes.size, dtype=bool)
+            light[heavy] = False
+            keys = pair_codes[light] & ((1 << key_bits) - 1)
+            for qid, values in wide.items():
+                self.sums[qid].add_wide(_exact_bincount(keys, values[light], self.units.size))
+        return heavy
+
+    def _add_light_units_by_numpy(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
+                                  partials: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
+        _, per_unit = _runs(pair_codes >> key_bits)
+        unit_pairs = np.repeat(per_unit, per_unit)
+        light = unit_pairs <= max_partitions
+        light_partials = {qid: values[light] for qid, values in partials.items()}
+        if weights.size:
+            light_partials[SELECTION_WEIGHTS] = weights[unit_pairs[light] - 1]
+        self.add(pair_codes[light] & ((1 << key_bits) - 1), light_partials)
+        return np.flatnonzero(~light)
 
     def merge(self, other: _Totals) -> None:
         self.units += other.units
@@ -131,68 +174,77 @@ class _WorkerTotals:
 class _ExactSums:
     """Σ of int64 values per key code, exact, at np.bincount's speed (a hash group-by is several times slower).
 
-    Sums stay in int64 while a bound on them (`reach`, the sum of |values| added) proves they
-    fit, and are carried into Int128 beyond; np.bincount adds in float64, so it is used only
-    where every partial sum stays below 2^53 (else `_exact_bincount` splits the values).
+    Sums stay in int64 (`small`, a row of its `_Totals`' table) while a bound on them (`reach`,
+    the sum of |values| added) proves they fit, and are carried into Int128 beyond; np.bincount
+    adds in float64, so it is used only where every partial sum stays below 2^53 (else
+    `_exact_bincount` splits the values).
     """
 
-    def __init__(self, size: int) -> None:
-        self.small = np.zeros(size, np.int64)
+    def __init__(self, small: np.ndarray) -> None:
+        self.small = small
         self.reach = 0
         self.wide: pl.Series | None = None
 
-    def add(self, keys: np.ndarray, values: np.ndarray, pairs: np.ndarray, sign: int) -> None:
-        """Add (or with sign −1, take away) each value to its key's sum; `pairs` is sign · np.bincount(keys)."""
+    def add(self, keys: np.ndarray, values: np.ndarray, pairs: np.ndarray) -> None:
+        """Add each value to its key's sum; `pairs` is np.bincount(keys)."""
         if values.size == 0:
             return
         low, high = int(values.min()), int(values.max())
         reach = max(-low, high) * values.size
         if reach >= 2**53:
-            self._add_wide(_exact_bincount(keys, values if sign > 0 else -values, self.small.size))
+            self.add_wide(_exact_bincount(keys, values, self.small.size))
         elif low == high == 1:
             # A partial of one per pair (a count of a column with no missing value, one row per pair) sums to the pairs.
             self._add_small(pairs, reach)
         else:
             sums = np.bincount(keys, weights=values.astype(np.float64), minlength=self.small.size).astype(np.int64)
-            if sign < 0:
-                np.negative(sums, out=sums)
             self._add_small(sums, reach)
 
-    def add_sparse(self, keys: np.ndarray, values: np.ndarray, sign: int) -> None:
+    def add_sparse(self, keys: np.ndarray, values: np.ndarray) -> None:
         """`add` for a few keys (`_is_sparse`): straight into the sums, without a per-key array for them."""
         if values.size == 0:
             return
-        reach = max(-int(values.min()), int(values.max())) * values.size
-        signed = values if sign > 0 else -values
+        reach = _reach(values)
         if reach >= 2**63:
-            self._add_wide(_exact_bincount(keys, signed, self.small.size))
+            self.add_wide(_exact_bincount(keys, values, self.small.size))
             return
+        self.reserve(reach)
+        np.add.at(self.small, keys, values)
+
+    def reserve(self, reach: int) -> None:
+        """Make room in the int64 sums for values of this reach (below 2^63), about to be added to them."""
         self._make_room(reach)
-        np.add.at(self.small, keys, signed)
         self.reach += reach
 
     def merge(self, other: _ExactSums) -> None:
         self._add_small(other.small, other.reach)
         if other.wide is not None:
-            self._add_wide(other.wide)
+            self.add_wide(other.wide)
 
     def total(self) -> pl.Series:
         small = pl.Series(self.small).cast(pl.Int128)
         return small if self.wide is None else small + self.wide
 
+    def add_wide(self, sums: pl.Series) -> None:
+        self.wide = sums if self.wide is None else self.wide + sums
+
     def _add_small(self, sums: np.ndarray, reach: int) -> None:
-        self._make_room(reach)
+        self.reserve(reach)
         self.small += sums
-        self.reach += reach
 
     def _make_room(self, reach: int) -> None:
         """Carry the int64 sums into Int128 if adding values of this reach could overflow them."""
         if self.reach + reach >= 2**63:
-            self._add_wide(pl.Series(self.small).cast(pl.Int128))
-            self.small, self.reach = np.zeros_like(self.small), 0
+            self.add_wide(pl.Series(self.small).cast(pl.Int128))
+            self.small[:] = 0
+            self.reach = 0
 
-    def _add_wide(self, sums: pl.Series) -> None:
-        self.wide = sums if self.wide is None else self.wide + sums
+
+def _reach(values: np.ndarray) -> int:
+    """A bound on any sum of these values: the largest |value| times their number."""
+    if values.size == 0:
+        return 0
+    return max(-int(values.min()), int(values.max())) * values.size
 
 
 def _is_sparse(keys: np.ndarray, size: int) -> bool:
@@ -244,6 +296,8 @@ class SortedBounding:
         self.chosen: np.ndarray | None = None
         self.rebound = False
         keep_freed_memory()
+        # Loaded while the shards are written (`light_units`).
+        self.compiled_loop = light_units.compiled_loop() if codes.rows >= light_units.COMPILED_FROM_ROWS else None
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
@@ -279,27 +333,26 @@ class SortedBounding:
         rows_per_pair = pairs[ROWS]
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
-        unit_code = pair_packed >> self.codes.key_bits
-        key_code = pair_packed & ((1 << self.codes.key_bits) - 1)
-        user_starts, per_unit = _runs(unit_code)
-        if self.weighted:
-            # Every pair of a unit weighs w(partitions it keeps); a heavy unit's first bounding keeps L0.
-            kept = np.minimum(per_unit, self.plan.max_partitions)
-            partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(kept), per_unit)
-        is_heavy = per_unit > self.plan.max_partitions
-        # Light units' totals: all pairs', less the heavy units' (a small share).
-        totals.light.add(key_code, partials)
-        heavy = _run_members(user_starts, per_unit, is_heavy)
+        key_bits, l0 = self.codes.key_bits, self.plan.max_partitions
+        # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
+        weights = (selection.unit_weights(np.arange(1, min(l0, pair_packed.size) + 1)) if self.weighted
+                   else np.zeros(0, np.int64))
+        loop = self.compiled_loop.result() if self.compiled_loop is not None else None
+        heavy = totals.light.add_light_units(pair_packed, key_bits, l0, partials, weights, loop)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
-        totals.light.add(key_code[heavy], heavy_partials, sign=-1)
-        ranked = self._ranked_heavy(unit_code[heavy], key_code[heavy], rows_per_pair[heavy], heavy_partials,
-                                    unit_values)
+        if self.weighted:
+            # A heavy unit's first bounding keeps L0 partitions: each of its pairs weighs w(L0).
+            heavy_partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(np.array([l0])), heavy.size)
+        heavy_packed = pair_packed[heavy]
+        ranked = self._ranked_heavy(heavy_packed >> key_bits, heavy_packed & ((1 << key_bits) - 1),
+                                    rows_per_pair[heavy], heavy_partials, unit_values)
         self._add_kept(totals.first_heavy, ranked, None)
         if leaves:
-            heavy_pairs = np.zeros(unit_code.size, dtype=bool)
+            heavy_pairs = np.zeros(pair_packed.size, dtype=bool)
             heavy_pairs[heavy] = True
-            light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(leaves, starts, rows_per_pair, key_code, unit_code,
-                                                                       heavy_pairs, self.plan.max_rows)
+            light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(
+                leaves, starts, rows_per_pair, pair_packed & ((1 << key_bits) - 1), pair_packed >> key_bits,
+                heavy_pairs, self.plan.max_rows)
             light_leaves.write_ipc(files.light_leaves, compression="uncompressed")
             heavy_leaves.write_ipc(files.heavy_leaves, compression="uncompressed")
         else:
@@ -675,13 +728,6 @@ def _runs(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
     lengths[-1] = sorted_values.size - starts[-1]
     return starts, lengths
-
-
-def _run_members(starts: np.ndarray, lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Indices of the elements of the chosen runs, in order."""
-    starts, lengths = starts[chosen], lengths[chosen]
-    firsts = np.cumsum(lengths) - lengths
-    return np.repeat(starts - firsts, lengths) + np.arange(int(lengths.sum()))
 
 
 def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:

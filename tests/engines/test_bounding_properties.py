@@ -5,7 +5,7 @@ columns (text, boolean), with nulls. The reference walks the rows in Python: per
 partition) pair it bounds the partials to m rows' worth, and per unit it keeps the L0 pairs
 with the most rows, ties by the smallest keyed hash of the unit's and the key's values — the
 choice the engine makes with the same key. Both boundings are checked: the first, and Plume's second among a random
-set of chosen partitions.
+set of chosen partitions; light units through numpy's passes or the compiled loop.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dprun import api
-from dprun.engines import polars_engine, sorted_bounding
+from dprun.engines import light_units, polars_engine, sorted_bounding
 from dprun.engines.polars_steps import UNITS, row_units
 from dprun.plan import QueryPlan
 
@@ -115,13 +115,15 @@ def engine_sums(frame: pl.DataFrame, keys: list[str]) -> Sums:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**63 - 1), unit_kind=st.sampled_from(sorted(UNIT_KINDS)),
        key_kind=st.sampled_from(sorted(KEY_KINDS)), units=st.integers(1, 40), keys=st.integers(1, 12),
-       l0=st.integers(1, 4), m=st.integers(1, 3), small_shards=st.booleans())
+       l0=st.integers(1, 4), m=st.integers(1, 3), small_shards=st.booleans(), compiled=st.booleans())
 def test_bounded_sums_match_a_brute_force_reference(seed: int, unit_kind: str, key_kind: str, units: int,
-                                                    keys: int, l0: int, m: int, small_shards: bool) -> None:
+                                                    keys: int, l0: int, m: int, small_shards: bool,
+                                                    compiled: bool) -> None:
     rng = np.random.default_rng(seed)
     rows = random_rows(rng, unit_kind, key_kind, units, keys)
     with tempfile.TemporaryDirectory() as folder, mock.patch.object(
-            sorted_bounding, "SHARD_ROWS", 40 if small_shards else sorted_bounding.SHARD_ROWS):
+            sorted_bounding, "SHARD_ROWS", 40 if small_shards else sorted_bounding.SHARD_ROWS), mock.patch.object(
+            light_units, "COMPILED_FROM_ROWS", 0 if compiled else light_units.COMPILED_FROM_ROWS):
         rows.write_parquet(Path(folder) / "data.parquet")
         validated = api.validate(write_spec(Path(folder), unit_kind, key_kind, l0, m))
         plan = api.plan(validated).queries[0]

@@ -1,9 +1,9 @@
 """The sorted bounding path (dprun/engines/sorted_bounding.py, codes from dprun/engines/codes.py).
 
-A release must not depend on how rows are coded or sharded: every test here runs a spec
-twice under one test seed, once as it is and once with another coding (keys by table
-instead of by range, units coded per shard instead of by offset) or with many small shards,
-and compares the outputs exactly. `test_bounding_properties.py` checks the bounded sums
+A release must not depend on how rows are coded, sharded or bounded: every test here runs a
+spec twice under one test seed, once as it is and once with another coding (keys by table
+instead of by range, units coded per shard instead of by offset), with many small shards or
+with the compiled loop for light units, and compares the outputs exactly. `test_bounding_properties.py` checks the bounded sums
 against a brute-force reference. Seeds come from os.urandom and are part of every
 assertion message.
 """
@@ -23,7 +23,7 @@ from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
 from dprun.engines import codes as codes_module
-from dprun.engines import sorted_bounding
+from dprun.engines import light_units, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
@@ -40,6 +40,11 @@ def table_codes(patch: pytest.MonkeyPatch) -> None:
 
 def small_shards(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(sorted_bounding, "SHARD_ROWS", 500)
+
+
+def compiled_loop(patch: pytest.MonkeyPatch) -> None:
+    """Light units bounded by the compiled loop (large inputs) instead of numpy's passes."""
+    patch.setattr(light_units, "COMPILED_FROM_ROWS", 0)
 
 
 def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:
@@ -99,7 +104,7 @@ TREE = {"name": "p", "kind": "quantile", "column": "value", "bounds": [-20, 80],
 CANDIDATES = {"name": "mid", "kind": "median", "column": "value", "bounds": [-10, 70], "quantile_method": "candidates"}
 
 
-@pytest.mark.parametrize("variant", [small_shards, table_codes])
+@pytest.mark.parametrize("variant", [small_shards, table_codes, compiled_loop])
 def test_codes_and_shards_change_no_released_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      variant: Variant) -> None:
     seed = fresh_seed()
@@ -247,12 +252,12 @@ def test_exact_bincount_matches_python_integers(scale: int) -> None:
 
 
 def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
-    """Sums of two keys that pass 2^63 (so int64 must be carried into Int128), with take-aways,
-    values large enough to need splitting, pair counts, adds through np.bincount and straight
-    into the sums (`add_sparse`), and two accumulators merged."""
+    """Sums of two keys that pass 2^63 (so int64 must be carried into Int128), values large
+    enough to need splitting, pair counts, adds through np.bincount and straight into the sums
+    (`add_sparse`), and two accumulators merged."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    halves = [sorted_bounding._ExactSums(2), sorted_bounding._ExactSums(2)]
+    halves = [sorted_bounding._ExactSums(np.zeros(2, np.int64)), sorted_bounding._ExactSums(np.zeros(2, np.int64))]
     expected = [0, 0]
     for step in range(8000):
         keys = rng.integers(0, 2, 127)
@@ -264,13 +269,12 @@ def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
             values = rng.integers(2**45, 2**46, keys.size)  # each add's bound just under 2^53
         if step % 13 == 0:
             values = rng.integers(2**57, 2**58, keys.size)  # one add's bound past 2^63: summed in Int128 at once
-        sign = -1 if step % 10 == 0 else 1
         if step % 3 == 0:
-            halves[step % 2].add_sparse(keys, values, sign)
+            halves[step % 2].add_sparse(keys, values)
         else:
-            halves[step % 2].add(keys, values, sign * np.bincount(keys, minlength=2), sign)
+            halves[step % 2].add(keys, values, np.bincount(keys, minlength=2))
         for key, value in zip(keys.tolist(), values.tolist(), strict=True):
-            expected[key] += sign * value
+            expected[key] += value
     assert min(expected) > 2**64, f"seed={seed}: each accumulator's sums must pass int64 for the test to mean anything"
     halves[0].merge(halves[1])
     assert halves[0].total().to_list() == expected, f"seed={seed}: per-key sums differ"
@@ -278,7 +282,7 @@ def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
 
 def test_totals_add_few_and_many_pairs_alike() -> None:
     """Pairs added straight into the running totals (few of them) or through a per-key count
-    (many) give the same units and sums, taken away too."""
+    (many) give the same units and sums."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     size = 1000
@@ -288,11 +292,10 @@ def test_totals_add_few_and_many_pairs_alike() -> None:
     for pairs in [10, 5000, 200, 3000, 50]:
         keys = rng.integers(0, size, pairs)
         values = rng.integers(-1000, 1000, pairs)
-        sign = -1 if pairs == 200 else 1
         paths.add(sorted_bounding._is_sparse(keys, size))
-        totals.add(keys, {"q": values}, sign)
-        np.add.at(units, keys, sign)
-        np.add.at(sums, keys, sign * values)
+        totals.add(keys, {"q": values})
+        np.add.at(units, keys, 1)
+        np.add.at(sums, keys, values)
     assert paths == {True, False}, "both ways of adding must run"
     assert totals.units.tolist() == units.tolist(), f"seed={seed}: units differ"
     assert totals.sums["q"].total().to_list() == sums.tolist(), f"seed={seed}: sums differ"

@@ -1,0 +1,126 @@
+"""The light units' pass (dprun/engines/light_units.py): compiled, as Python, and numpy's passes
+(`sorted_bounding._Totals`) against a brute-force reference; exact sums past int64; small
+inputs never import numba. Seeds come from os.urandom and are part of every assertion message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dprun_testing import REPOSITORY, example_copy, fresh_seed, no_ambient_ledger
+
+from dprun.engines import light_units, sorted_bounding
+from dprun.engines.polars_steps import SELECTION_WEIGHTS
+
+Reference = tuple[list[int], list[list[int]], list[int]]
+assert no_ambient_ledger  # the fixture is used by name below
+
+
+def random_pairs(rng: np.random.Generator, max_partitions: int, key_bits: int) -> np.ndarray:
+    """Sorted distinct (unit, key) codes: units with 1 to L0 + 3 pairs, some units skipped."""
+    units = np.flatnonzero(rng.random(300) < 0.7)
+    codes = [unit << key_bits | key for unit in units.tolist()
+             for key in sorted(rng.choice(1 << key_bits, min(1 << key_bits, int(rng.integers(1, max_partitions + 4))),
+                                          replace=False).tolist())]
+    return np.array(codes, dtype=np.int64)
+
+
+def reference(pair_codes: np.ndarray, key_bits: int, max_partitions: int, weights: np.ndarray,
+              partials: np.ndarray) -> Reference:
+    """Units per key, each sums row per key (the weights' last), the heavy pairs: Python integers."""
+    size = 1 << key_bits
+    rows = partials.shape[0] + (1 if weights.size else 0)
+    units, sums, heavy = [0] * size, [[0] * size for _ in range(rows)], []
+    by_unit: dict[int, list[int]] = {}
+    for pair, code in enumerate(pair_codes.tolist()):
+        by_unit.setdefault(code >> key_bits, []).append(pair)
+    for pairs in by_unit.values():
+        if len(pairs) > max_partitions:
+            heavy.extend(pairs)
+            continue
+        for pair in pairs:
+            key = int(pair_codes[pair]) & (size - 1)
+            units[key] += 1
+            for row in range(partials.shape[0]):
+                sums[row][key] += int(partials[row, pair])
+            if weights.size:
+                sums[-1][key] += int(weights[len(pairs) - 1])
+    return units, sums, heavy
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_loop_compiled_as_python_and_numpys_passes_agree_with_a_reference(weighted: bool) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    compiled = light_units.compiled_loop().result()
+    for case in range(40):
+        max_partitions, key_bits = int(rng.integers(1, 6)), int(rng.integers(3, 12))
+        pair_codes = random_pairs(rng, max_partitions, key_bits)
+        partials = rng.integers(-2**40, 2**40, (int(rng.integers(0, 3)), pair_codes.size))
+        weights = (rng.integers(1, 2**20, min(max_partitions, pair_codes.size)) if weighted
+                   else np.zeros(0, np.int64))
+        units, sums, heavy = reference(pair_codes, key_bits, max_partitions, weights, partials)
+        assert heavy and len(heavy) < pair_codes.size, f"seed={seed} case={case}: light and heavy units both"
+        for name, loop in (("compiled", compiled), ("python", light_units.add_light_units)):
+            got_units = np.zeros(1 << key_bits, np.int64)
+            got_sums = np.zeros((len(sums), 1 << key_bits), np.int64)
+            got_heavy = np.empty(pair_codes.size, np.int64)
+            found = loop(pair_codes, key_bits, max_partitions, weights, partials, got_units, got_sums, got_heavy)
+            assert got_heavy[:found].tolist() == heavy, f"seed={seed} case={case}: {name} heavy pairs"
+            assert got_units.tolist() == units, f"seed={seed} case={case}: {name} units"
+            assert got_sums.tolist() == sums, f"seed={seed} case={case}: {name} sums"
+        ids = [f"q{row}" for row in range(partials.shape[0])] + ([SELECTION_WEIGHTS] if weighted else [])
+        totals = sorted_bounding._Totals.zeros(1 << key_bits, ids)
+        found_heavy = totals.add_light_units(pair_codes, key_bits, max_partitions,
+                                             {f"q{row}": values for row, values in enumerate(partials)}, weights, None)
+        assert found_heavy.tolist() == heavy, f"seed={seed} case={case}: numpy heavy pairs"
+        assert totals.units.tolist() == units, f"seed={seed} case={case}: numpy units"
+        assert [totals.sums[qid].total().to_list() for qid in ids] == sums, f"seed={seed} case={case}: numpy sums"
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_light_sums_stay_exact_past_int64(compiled: bool) -> None:
+    """Partials whose sums pass 2^63 (carried into Int128 before the loop adds) and one
+    quantity whose single shard could pass it (added exactly apart), with heavy units among them."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    loop = light_units.compiled_loop().result() if compiled else None
+    key_bits, max_partitions = 2, 2
+    totals = sorted_bounding._Totals.zeros(1 << key_bits, ["big", "huge"])
+    expected: list[list[int]] = [[0] * 4, [0] * 4]
+    for step in range(40):
+        pair_codes = random_pairs(rng, max_partitions, key_bits)
+        partials = {"big": rng.integers(2**55, 2**56, pair_codes.size),
+                    "huge": rng.integers(-2**62, 2**62, pair_codes.size)}
+        _, sums, heavy = reference(pair_codes, key_bits, max_partitions, np.zeros(0, np.int64),
+                                   np.stack(list(partials.values())))
+        for row in range(2):
+            expected[row] = [a + b for a, b in zip(expected[row], sums[row], strict=True)]
+        found = totals.add_light_units(pair_codes, key_bits, max_partitions, partials, np.zeros(0, np.int64), loop)
+        assert found.tolist() == heavy, f"seed={seed} step={step}: heavy pairs"
+    assert min(expected[0]) > 2**64, f"seed={seed}: the sums must pass int64 for the test to mean anything"
+    assert totals.sums["big"].total().to_list() == expected[0], f"seed={seed}: sums carried into Int128"
+    assert totals.sums["huge"].total().to_list() == expected[1], f"seed={seed}: sums added apart"
+
+
+PROBE = """
+import sys
+from dprun.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as stop:
+    print(stop.code, 'numba' in sys.modules, file=sys.__stdout__)
+"""
+
+
+@pytest.mark.usefixtures("no_ambient_ledger")
+def test_a_small_input_never_imports_numba(tmp_path: Path) -> None:
+    """Its import and code generator cost 0.4 s, more than numpy's passes over a small input."""
+    folder = example_copy(tmp_path)
+    done = subprocess.run([sys.executable, "-c", PROBE, "run", "specs/restaurants_private.yaml"], capture_output=True,
+                          text=True, cwd=folder, timeout=300, env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+    assert done.stdout.splitlines()[-1].split() == ["0", "False"], done.stdout + done.stderr
