@@ -41,8 +41,9 @@ def compiled_loop() -> Future[Loop]:
     indices of the heavy units' pairs into `heavy` (room for every pair) and returns how many
     there are. `pair_codes`: the shard's distinct (unit, key) codes, sorted, unit above
     `key_bits` bits of key. `partials[q, p]`: quantity q's partial of pair p, added to
-    `sums[q, key]`. With a weighted selection, `weights[n - 1]` is w(n) for n = 1 … L0 (at
-    most) and goes to the row of `sums` after the partials'; else `weights` is empty. Compiled
+    `sums[key, q]` (a key's sums side by side: one cache line where a pair adds several). With
+    a weighted selection, `weights[n - 1]` is w(n) for n = 1 … L0 (at most) and goes to the
+    column of `sums` after the partials'; else `weights` is empty. Compiled
     code checks no index and wraps on overflow: the caller makes sure neither can happen.
     """
     with _starting:
@@ -93,8 +94,8 @@ def add_light_units(pair_codes: np.ndarray, key_bits: int, max_partitions: int, 
                 key = pair_codes[pair] & key_mask
                 units[key] += 1
                 for quantity in range(quantities):
-                    sums[quantity, key] += partials[quantity, pair]
+                    sums[key, quantity] += partials[quantity, pair]
                 if weighted:
-                    sums[quantities, key] += weight
+                    sums[key, quantities] += weight
         start = stop
     return heavy_pairs

@@ -80,8 +80,8 @@ MIN_SHARD_ROWS = 2**18
 
 @dataclass
 class _Totals:
-    """Per key code: privacy units, and each quantity's exact sum of partials (`table`'s rows, in
-    the order of `sums`, are their int64 parts)."""
+    """Per key code: privacy units, and each quantity's exact sum of partials (`table`'s columns,
+    in the order of `sums`, are their int64 parts)."""
 
     units: np.ndarray
     table: np.ndarray
@@ -89,8 +89,9 @@ class _Totals:
 
     @classmethod
     def zeros(cls, size: int, quantity_ids: list[str]) -> _Totals:
-        table = np.zeros((len(quantity_ids), size), np.int64)
-        return cls(np.zeros(size, np.int64), table, {qid: _ExactSums(row) for qid, row in zip(quantity_ids, table)})
+        table = np.zeros((size, len(quantity_ids)), np.int64)
+        return cls(np.zeros(size, np.int64), table,
+                   {qid: _ExactSums(table[:, column]) for column, qid in enumerate(quantity_ids)})
 
     def add(self, keys: np.ndarray, partials: dict[str, np.ndarray]) -> None:
         """Add these pairs."""
@@ -110,9 +111,9 @@ class _Totals:
         """Add the pairs of units with at most `max_partitions` pairs, through the compiled `loop`
         where given, else numpy's passes; return the indices of the other units' pairs.
 
-        `partials`: every quantity's but the weights', in the order of the table's rows; where
+        `partials`: every quantity's but the weights', in the order of the table's columns; where
         the selection is weighted, w(n) is `weights[n - 1]` (`light_units.compiled_loop`)."""
-        assert list(partials) == list(self.sums)[:len(partials)], "partials in the order of the table's rows"
+        assert list(partials) == list(self.sums)[:len(partials)], "partials in the order of the table's columns"
         if loop is None:
             return self._add_light_units_by_numpy(pair_codes, key_bits, max_partitions, partials, weights)
         reaches = {qid: _reach(values) for qid, values in partials.items()}
@@ -174,7 +175,7 @@ class _WorkerTotals:
 class _ExactSums:
     """Σ of int64 values per key code, exact, at np.bincount's speed (a hash group-by is several times slower).
 
-    Sums stay in int64 (`small`, a row of its `_Totals`' table) while a bound on them (`reach`,
+    Sums stay in int64 (`small`, a column of its `_Totals`' table) while a bound on them (`reach`,
     the sum of |values| added) proves they fit, and are carried into Int128 beyond; np.bincount
     adds in float64, so it is used only where every partial sum stays below 2^53 (else
     `_exact_bincount` splits the values).
@@ -222,7 +223,7 @@ class _ExactSums:
             self.add_wide(other.wide)
 
     def total(self) -> pl.Series:
-        small = pl.Series(self.small).cast(pl.Int128)
+        small = pl.Series(np.ascontiguousarray(self.small)).cast(pl.Int128)
         return small if self.wide is None else small + self.wide
 
     def add_wide(self, sums: pl.Series) -> None:
@@ -235,7 +236,7 @@ class _ExactSums:
     def _make_room(self, reach: int) -> None:
         """Carry the int64 sums into Int128 if adding values of this reach could overflow them."""
         if self.reach + reach >= 2**63:
-            self.add_wide(pl.Series(self.small).cast(pl.Int128))
+            self.add_wide(pl.Series(np.ascontiguousarray(self.small)).cast(pl.Int128))
             self.small[:] = 0
             self.reach = 0
 
