@@ -53,7 +53,9 @@ def compiled_loop() -> Future[Loop]:
 @functools.cache
 def _loading() -> Future[Loop]:
     future: Future[Loop] = Future()
-    threading.Thread(target=_compile, args=(future,), name="dprun-compile", daemon=True).start()
+    # Not a daemon: a run that fails before its workers wait for the loop (a bad row in the
+    # sink) exits once the thread is done, never while it is inside LLVM's code generator.
+    threading.Thread(target=_compile, args=(future,), name="dprun-compile").start()
     return future
 
 
