@@ -5,13 +5,14 @@ pairs adds one unit, its partials and, for a weighted selection, the unit's weig
 to its key's totals; a heavy unit's pairs are only listed, to be ranked apart.
 
 Written by hand as one loop, because numpy needs a dozen passes over the pairs for it (runs
-of units, their lengths repeated per pair, masks, two bincounts over 8 bytes per key code):
-five times the time of this loop compiled. numba compiles it (a wheel from the package
-registry, no compiler on the user's machine) and caches the machine code on disk, so a
-machine compiles it once; compiled, it releases the GIL and each worker thread bounds its
-own shard. Loading it still costs 0.4 s of one core (numba's import, then its code
-generator's), so only inputs of COMPILED_FROM_ROWS rows use it, loaded in a thread while
-the shards are written; smaller ones take numpy's passes (`sorted_bounding._Totals`).
+of units, their lengths repeated per pair, masks, a bincount over 8 bytes per key code per
+sum): five times the time of this loop compiled for a count, twice for four sums per pair.
+numba compiles it (a wheel from the package registry, no compiler on the user's machine) and
+caches the machine code on disk, so a machine compiles it once; compiled, it releases the
+GIL and each worker thread bounds its own shard. Loading it still costs 0.4 s of one core
+(numba's import, then its code generator's), so only inputs of COMPILED_FROM_ROWS rows use
+it, loaded in a thread while the shards are written; smaller ones take numpy's passes
+(`sorted_bounding._Totals`).
 """
 
 from __future__ import annotations
