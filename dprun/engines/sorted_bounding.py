@@ -335,6 +335,7 @@ class SortedBounding:
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
         del pairs
         key_bits, l0 = self.codes.key_bits, self.plan.max_partitions
+        key_mask = (1 << key_bits) - 1
         # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
         weights = (selection.unit_weights(np.arange(1, min(l0, pair_packed.size) + 1)) if self.weighted
                    else np.zeros(0, np.int64))
@@ -345,14 +346,14 @@ class SortedBounding:
             # A heavy unit's first bounding keeps L0 partitions: each of its pairs weighs w(L0).
             heavy_partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(np.array([l0])), heavy.size)
         heavy_packed = pair_packed[heavy]
-        ranked = self._ranked_heavy(heavy_packed >> key_bits, heavy_packed & ((1 << key_bits) - 1),
+        ranked = self._ranked_heavy(heavy_packed >> key_bits, heavy_packed & key_mask,
                                     rows_per_pair[heavy], heavy_partials, unit_values)
         self._add_kept(totals.first_heavy, ranked, None)
         if leaves:
             heavy_pairs = np.zeros(pair_packed.size, dtype=bool)
             heavy_pairs[heavy] = True
             light_leaves, heavy_leaves = sorted_quantiles.shard_leaves(
-                leaves, starts, rows_per_pair, pair_packed & ((1 << key_bits) - 1), pair_packed >> key_bits,
+                leaves, starts, rows_per_pair, pair_packed & key_mask, pair_packed >> key_bits,
                 heavy_pairs, self.plan.max_rows)
             light_leaves.write_ipc(files.light_leaves, compression="uncompressed")
             heavy_leaves.write_ipc(files.heavy_leaves, compression="uncompressed")
