@@ -20,7 +20,7 @@ A privacy unit gets a code that is unique among the units of its shard:
 
 Every code is exact: two people merged by a collision would break the guarantee, so a hash
 stands for a unit only where it is checked to tell the units of its shard apart (a keyed hash
-also spreads units over shards, where a collision costs balance, nothing else). Memory: a shard of rows (`sorted_bounding.SHARD_ROWS`) per
+also spreads units over shards, where a collision costs balance, nothing else). Memory: a shard of rows (`shards.SHARD_ROWS`) per
 worker, and per distinct key its code's totals and the key's own values — as much as the
 table of partitions a selection needs anyway. Codes are internal, never released; which
 of a unit's contributions count is decided by a keyed hash of the unit's and the key's

@@ -20,38 +20,18 @@ unit's partitions, so under the test seed both engines release identical tables.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from queue import SimpleQueue
-from typing import BinaryIO, TypeVar
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from dprun.engines import light_units, release_steps, sorted_quantiles
-from dprun.engines.codes import (
-    KEY,
-    PACKED,
-    PACKED_BITS,
-    ROWS,
-    UNIT,
-    Codes,
-    RangeCodes,
-    shard_unit_codes,
-)
-from dprun.engines.polars_steps import (
-    SELECTION_WEIGHTS,
-    UNITS,
-    collect,
-    row_units,
-    scaled_partial,
-    sink,
-)
+from dprun.engines.codes import PACKED, ROWS, Codes
+from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_units, scaled_partial
+from dprun.engines.shards import Shard, in_parallel_into, packed_rows, split_into_shards
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms import bound_choice, selection
@@ -59,23 +39,8 @@ from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
 
-SHARD = "__dprun_shard__"
-MIXED = "__dprun_mixed__"
 STARTS = "__dprun_starts__"
 VALUE = "__dprun_value_"  # + the index of a value column the contribution profile reads
-R = TypeVar("R")
-A = TypeVar("A")
-# Rows sorted in memory at once: ~8 bytes per row and per value column. A shard's arrays
-# (16 MB per column) stay below glibc's mmap threshold (`keep_freed_memory`), so they are
-# reused from the heap: at 2^22 rows half the shards' arrays were mapped afresh, page by
-# page, and the bounding spent twice the kernel time.
-SHARD_ROWS = 2**21
-# Shards bounded at once (`_in_parallel_into`): one per Polars thread, as many as the cores the
-# process may use (each holds about 100 MB at SHARD_ROWS: memory grows with the cores, as
-# Polars' own buffers do), at least 2 so that one shard is bounded while another is read.
-WORKERS = max(2, pl.thread_pool_size())
-# Rows of a shard at the least where the rows are split anyway, so that each worker gets one (`_shard_count`).
-MIN_SHARD_ROWS = 2**18
 
 
 @dataclass
@@ -302,10 +267,10 @@ class SortedBounding:
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
-        # Units not coded by range are coded once their shard is in memory (`_packed`).
-        loads = _shards(rows, codes, seed, workdir, [*self.value_columns, *leaves])
+        # Units not coded by range are coded once their shard is in memory (`packed_rows`).
+        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves])
         work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
-        outputs, (totals, *others) = _in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
+        outputs, (totals, *others) = in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
             totals.merge(other)
         self.light, self.first_heavy = totals.light, totals.first_heavy
@@ -320,12 +285,12 @@ class SortedBounding:
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return shard.select(PACKED, *present, *values, *self.leaf_columns)
 
-    def _bound_shard(self, load: _Shard, files: _ShardOutput, totals: _WorkerTotals
+    def _bound_shard(self, load: Shard, files: _ShardOutput, totals: _WorkerTotals
                      ) -> _ShardOutput:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
         heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
         are returned (the names of those written)."""
-        shard, unit_values = self._packed(load)
+        shard, unit_values = packed_rows(load, self.codes, self.seed)
         pairs = _pair_sums(self._row_values(shard), carried=self.leaf_columns)
         del shard
         leaves = [pairs.pop(column) for column in self.leaf_columns]
@@ -363,9 +328,6 @@ class SortedBounding:
             return replace(files, heavy=None)
         ranked.write_ipc(files.heavy, compression="uncompressed")
         return files
-
-    def _packed(self, shard: _Shard) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
-        return _packed(shard, self.codes, self.seed)
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth (the Spark engine's `_partials` computes the same)."""
@@ -414,7 +376,7 @@ class SortedBounding:
     def _rebound_heavy(self) -> _Totals:
         """Plume's second bounding of the heavy units, among the chosen keys."""
         work = [partial(self._add_kept_from, path) for path in self.heavy_files]
-        _, (totals, *others) = _in_parallel_into(work, partial(_Totals.zeros, self.codes.keys.count,
+        _, (totals, *others) = in_parallel_into(work, partial(_Totals.zeros, self.codes.keys.count,
                                                                [q.id for q in self.quantities]))
         for other in others:
             totals.merge(other)
@@ -490,35 +452,6 @@ class _ShardOutput:
         return cls(*(folder / f"{kind}-{index}.arrow" for kind in ("heavy", "leaves", "heavy-leaves")))
 
 
-def _packed(loaded: _Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
-    """The shard's rows with their packed codes, and how to find the values of a unit from its code there."""
-    units = codes.units
-    shard = loaded.load()
-    mix = loaded.mix
-    if isinstance(units, RangeCodes):
-        if mix is None:
-            return shard, units.values
-        shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
-        return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
-    shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
-    shard = shard.with_columns(codes.packed(pl.col(UNIT)))
-    return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
-
-
-def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: _UnitMix | None, extra: Sequence[str | pl.Expr]
-                  ) -> pl.LazyFrame:
-    """The rows as they go to the shards: packed codes (or the unit columns and the key code,
-    packed per shard), with their shard where `mix` says it, then `extra` columns."""
-    keyed = codes.keys.attach(rows)
-    if isinstance(codes.units, RangeCodes):
-        if mix is None:
-            return keyed.select(codes.packed(codes.units.code()), *extra)
-        return keyed.with_columns(mix.mixed(codes.units.code())).select(
-            codes.packed(pl.col(MIXED)), mix.shard(pl.col(MIXED)), *extra)
-    return keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *(c for c in extra if isinstance(c, str))]),
-                        *(c for c in extra if not isinstance(c, str)))
-
-
 @dataclass
 class _Profile:
     """A worker's share of the contribution histogram, of the picks per key code and of the value histograms."""
@@ -554,7 +487,7 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     assert choice is not None, "a query with auto bounds"
     shard_seed, pick_seed = seeds
     value_columns = {f"{VALUE}{i}": pl.col(c).cast(pl.Float64) for i, c in enumerate(choice.value_columns)}
-    loads = _shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()])
+    loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()])
 
     def new_profile() -> _Profile:
         return _Profile(np.zeros(choice.shape, dtype=np.int64),
@@ -565,8 +498,8 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
                                  dtype=np.int64),
                         np.zeros(len(choice.l0_options), dtype=np.int64))
 
-    def profile_shard(load: _Shard, found: _Profile) -> None:
-        shard, unit_values = _packed(load, codes, shard_seed)
+    def profile_shard(load: Shard, found: _Profile) -> None:
+        shard, unit_values = packed_rows(load, codes, shard_seed)
         if value_columns:
             units = shard[PACKED].to_numpy() >> codes.key_bits
             for index, name in enumerate(value_columns):
@@ -589,7 +522,7 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
         found.kept_rows += kept_rows
         found.kept_pairs += kept_pairs
 
-    _, (total, *others) = _in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
+    _, (total, *others) = in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
     for other in others:
         total.merge(other)
     return bound_choice.ContributionProfile(total.cells, total.unit_rows,
@@ -602,12 +535,6 @@ def _value_weights(unit_code: np.ndarray, values: pl.Series) -> np.ndarray:
     present = values.is_finite().fill_null(False).to_numpy()
     numbers = values.to_numpy()[present]
     return bound_choice.unit_value_weights(unit_code[present], bound_choice.value_cells(numbers))
-
-
-def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:
-    """The values of the units with these codes (col : (UNIT, unit columns) of a shard), in the order given."""
-    found = shard_units.filter(pl.col(UNIT).is_in(pl.Series(np.unique(codes)).implode())).unique(UNIT)
-    return pl.DataFrame({UNIT: codes}).join(found, on=UNIT, how="left", maintain_order="left").drop(UNIT)
 
 
 def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np.ndarray]:
@@ -657,7 +584,7 @@ def _sorted_with_places(shard: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | 
     code and a row's place in the shard do not fit one Int64 together (`_keys_sorted_with_places`).
 
     That takes a third of the time of Polars' sort of the frame, which spends most of it
-    finding that order (gathering the columns in that order comes on top). `_UnitMix` keeps
+    finding that order (gathering the columns in that order comes on top). `UnitMix` keeps
     codes short enough.
     """
     if shard.height == 0:
@@ -737,176 +664,3 @@ def _rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     starts, lengths = _runs(sorted_values)
     return np.arange(sorted_values.size) - np.repeat(starts, lengths)
 
-
-@dataclass(frozen=True)
-class _Shard:
-    """A shard: how to load its rows, its number, and the mix its range-coded units went through (if any)."""
-
-    load: Callable[[], pl.DataFrame]
-    index: int = 0
-    mix: _UnitMix | None = None
-
-
-@dataclass(frozen=True)
-class _UnitMix:
-    """Range-coded units spread over `count` shards by a secret bijection of their codes.
-
-    A unit code u below 2^bits is mixed into m, below 2^bits too (multiplied by an odd number,
-    its top half xored into its bottom half, multiplied again, all mod 2^bits: each step a
-    bijection, as in the finalizers of MurmurHash); its shard is m's top part ⌊m · count /
-    2^bits⌋, and within its shard it is coded m less the shard's first m: log2(count) bits
-    fewer than u, so that a shard's codes and row places fit one Int64 for numpy to sort
-    (`_sorted_with_places`). The multipliers come from the run's secret; the mix spreads ids
-    with a common stride (all even, all multiples of 1,000) over every shard. Shards only
-    gather a unit's rows, they never decide what counts.
-    """
-
-    bits: int
-    multipliers: tuple[int, int]
-    count: int
-
-    @classmethod
-    def of(cls, units: RangeCodes, count: int, seed: int) -> _UnitMix | None:
-        """The mix of these units over `count` shards; None where u · multiplier could pass Int64."""
-        bits = max(1, units.bits)
-        if bits > 31:
-            return None
-        # Odd, with the top bit set: the product wraps for every unit code but 0 and 1.
-        first, second = (part % (1 << bits) | 1 | 1 << (bits - 1) for part in (seed, seed >> 32))
-        return cls(bits, (first, second), count)
-
-    def mixed(self, unit_code: pl.Expr) -> pl.Expr:
-        """m, the mixed code of each row's unit (`MIXED`)."""
-        mask = (1 << self.bits) - 1
-        mixed = unit_code * self.multipliers[0] & mask
-        return ((mixed ^ mixed // self._half) * self.multipliers[1] & mask).alias(MIXED)
-
-    def shard(self, mixed: pl.Expr) -> pl.Expr:
-        """Each row's shard; a row outside the ranges (a null code) goes to the first, whose sort then fails the run."""
-        return (mixed * self.count // (1 << self.bits)).fill_null(0).alias(SHARD)
-
-    def first(self, shard: int) -> int:
-        """The first mixed code of a shard: ⌈shard · 2^bits / count⌉."""
-        return (shard * (1 << self.bits) + self.count - 1) // self.count
-
-    def unit_codes(self, shard: int, within: np.ndarray) -> np.ndarray:
-        """The query's unit codes of codes within a shard."""
-        below = 1 << self.bits
-        first, second = (pow(m, -1, below) for m in self.multipliers)
-        mixed = (within + self.first(shard)) * second % below
-        # x ^ (x >> h) is its own inverse when 2h ≥ bits: the bits shifted in come from the half it leaves alone.
-        return (mixed ^ mixed // self._half) * first % below
-
-    @property
-    def _half(self) -> int:
-        return 1 << (self.bits + 1) // 2
-
-
-def _shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr]
-            ) -> list[_Shard]:
-    """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort in memory."""
-    count = _shard_count(codes.rows)
-    # A shard of codes alone is sorted as it is (`_pair_sums`): mixing units would only cost time.
-    mix = _UnitMix.of(codes.units, count, seed) if isinstance(codes.units, RangeCodes) and extra and count > 1 else None
-    frame = _packed_frame(rows, codes, mix, extra)
-    if count == 1:
-        return [_Shard(lambda: collect(frame))]
-    files = _ShardFiles(workdir / "packed")
-    if mix is None:
-        unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
-            list(codes.units.columns))
-        frame = frame.with_columns((unit.hash(seed) % count).alias(SHARD))
-    try:
-        sink(frame, pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),
-             workdir, arrow=True)
-    finally:
-        files.close()
-    return [_Shard(partial(_load, paths), shard, mix) for shard, paths in files.paths()]
-
-
-def _shard_count(rows: int) -> int:
-    """Shards of at most SHARD_ROWS rows; where that makes several, at least one per worker while
-    they keep MIN_SHARD_ROWS rows (10^7 rows in 5 shards would leave 11 of 16 cores idle).
-
-    Rows that fit one shard stay one: it is collected in memory, without the partitioned sink."""
-    count = max(1, math.ceil(rows / SHARD_ROWS))
-    if count == 1:
-        return 1
-    return max(count, min(WORKERS, rows // MIN_SHARD_ROWS))
-
-
-class _ShardFiles:
-    """The files Polars' partitioned sink writes, opened here rather than by Polars.
-
-    Polars opens a file it is given by path twice, with O_TRUNC, so the second open
-    truncates the empty file the first created. ext4 takes a truncated file for one being
-    rewritten and, when it is closed, starts writing all its pages to disk (auto_da_alloc):
-    a third of a second at the end of the sink on the benchmark machine, for scratch files
-    that are read back at once. A file opened once, exclusively, stays in the page cache.
-    Unbuffered, so that closing a file after a failed sink has nothing left to write.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.folder.mkdir()
-        self.by_shard: dict[int, list[BinaryIO]] = {}
-
-    def create(self, args: pl.FileProviderArgs) -> BinaryIO:
-        shard = int(args.partition_keys[SHARD][0])
-        file = (self.folder / f"{shard}-{args.index_in_partition}.arrow").open("xb", buffering=0)
-        self.by_shard.setdefault(shard, []).append(file)
-        return file
-
-    def paths(self) -> list[tuple[int, list[Path]]]:
-        """Each shard with rows, and its files, in shard order."""
-        return [(shard, [Path(file.name) for file in files]) for shard, files in sorted(self.by_shard.items())]
-
-    def close(self) -> None:
-        for files in self.by_shard.values():
-            for file in files:
-                file.close()
-
-
-def _load(files: list[Path]) -> pl.DataFrame:
-    """A shard's rows, memory-mapped (pyarrow reads Arrow files without a copy, unlike Polars);
-    the files are removed as soon as they are read (deleting hundreds of MB at the end takes a while)."""
-    # Not rechunked: the sort writes its own contiguous copy anyway.
-    shard = pl.from_arrow(pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(file))).read_all() for file in files),
-                          rechunk=False)
-    assert isinstance(shard, pl.DataFrame)
-    for file in files:
-        file.unlink()
-    return shard
-
-
-def _in_parallel_into(tasks: Sequence[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
-    """Each task's result, in order, WORKERS tasks running at once, and the accumulators (at
-    least one) the tasks were given: a running task holds one that no other running task holds.
-
-    Sorting and numpy release the GIL, so shards keep the cores busy. A task loads its shard
-    when it starts, so only WORKERS shards are held in memory at a time; a worker takes the
-    next task as soon as its own is done, whichever shard is still running (waiting for the
-    shards in order left cores idle behind a slow one). One accumulator per worker, not per
-    task: the sorted path's totals are 8 bytes per key code and quantity, written in full
-    when they are zeroed and when they are merged.
-    """
-    accumulators = [new_accumulator() for _ in range(max(1, min(WORKERS, len(tasks))))]
-    idle: SimpleQueue[A] = SimpleQueue()
-    for accumulator in accumulators:
-        idle.put(accumulator)
-
-    def run(task: Callable[[A], R]) -> R:
-        accumulator = idle.get()
-        try:
-            return task(accumulator)
-        finally:
-            idle.put(accumulator)
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        futures = [pool.submit(run, task) for task in tasks]
-        try:
-            return [future.result() for future in futures], accumulators
-        except BaseException:
-            # The first failure ends the run: the shards not started yet are not bounded.
-            pool.shutdown(cancel_futures=True)
-            raise

@@ -22,7 +22,7 @@ import polars as pl
 import pytest
 
 import dp_audit
-from dprun.engines import polars_steps, sorted_bounding
+from dprun.engines import polars_steps, shards
 from dprun.plan import QueryPlan
 
 HEAVY = "SECRET-HEAVY-UNIT"
@@ -127,11 +127,11 @@ def test_sharding_the_units_changes_no_exact_sum(tmp_path: Path, monkeypatch: py
     hash_seed = seed % 2**64
     whole = dp_audit.pre_noise_sums(plan, validated, hash_seed, tmp_path / "one")
     rows = pl.scan_parquet(validated.inputs["data"].paths).select(pl.len()).collect().item()
-    monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", rows // 8)
-    shards = -(-rows // sorted_bounding.SHARD_ROWS)
-    assert shards >= 8, f"the test should split the units over several shards, not {shards}"
+    monkeypatch.setattr(shards, "SHARD_ROWS", rows // 8)
+    count = -(-rows // shards.SHARD_ROWS)
+    assert count >= 8, f"the test should split the units over several shards, not {count}"
     sharded = dp_audit.pre_noise_sums(plan, validated, hash_seed, tmp_path / "many")
-    assert sharded.equals(whole), f"seed={seed}: {shards} shards give other exact sums than one"
+    assert sharded.equals(whole), f"seed={seed}: {count} shards give other exact sums than one"
 
 
 def test_the_global_partition_moves_by_at_most_one_partitions_worth(tmp_path: Path) -> None:

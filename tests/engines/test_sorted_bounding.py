@@ -23,7 +23,7 @@ from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
 from dprun.engines import codes as codes_module
-from dprun.engines import light_units, sorted_bounding
+from dprun.engines import light_units, shards, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
@@ -39,7 +39,7 @@ def table_codes(patch: pytest.MonkeyPatch) -> None:
 
 
 def small_shards(patch: pytest.MonkeyPatch) -> None:
-    patch.setattr(sorted_bounding, "SHARD_ROWS", 500)
+    patch.setattr(shards, "SHARD_ROWS", 500)
 
 
 def compiled_loop(patch: pytest.MonkeyPatch) -> None:
@@ -223,9 +223,9 @@ def test_ranges_too_wide_to_pack_are_coded_per_shard_and_by_table(tmp_path: Path
 def test_rows_outside_the_footer_ranges_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uid: list[int],
                                                      key: list[int], uid_type: pl.DataType, sharded: bool) -> None:
     """Parquet statistics are trusted only as far as every row is checked against them: in one
-    shard, and in shards of units mixed by `_UnitMix` (a sum carries a value column)."""
+    shard, and in shards of units mixed by `UnitMix` (a sum carries a value column)."""
     if sharded:
-        monkeypatch.setattr(sorted_bounding, "SHARD_ROWS", 1)
+        monkeypatch.setattr(shards, "SHARD_ROWS", 1)
     frame = pl.DataFrame({"uid": uid, "key": key, "value": [1.0] * 4},
                          schema={"uid": uid_type, "key": pl.Int64, "value": pl.Float64})
     lying = Codes(RangeCodes((Digit("uid", 1, 3, uid_type, nulls=False),)),
@@ -361,17 +361,16 @@ def test_unit_mix_is_a_bijection_onto_short_codes(bits: int, count: int) -> None
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     units = np.unique(np.concatenate([[0, (1 << bits) - 1], rng.integers(0, 1 << bits, 20_000)]))
-    mix = sorted_bounding._UnitMix(bits, (int(rng.integers(0, 1 << bits)) | 1, int(rng.integers(0, 1 << bits)) | 1),
-                                   count)
+    mix = shards.UnitMix(bits, (int(rng.integers(0, 1 << bits)) | 1, int(rng.integers(0, 1 << bits)) | 1), count)
     frame = pl.DataFrame({"u": units}).with_columns(mix.mixed(pl.col("u"))).with_columns(
-        mix.shard(pl.col(sorted_bounding.MIXED)))
-    shards, mixed = frame[sorted_bounding.SHARD].to_numpy(), frame[sorted_bounding.MIXED].to_numpy()
-    assert shards.min() >= 0 and shards.max() < count, f"seed={seed}: a shard out of range"
+        mix.shard(pl.col(shards.MIXED)))
+    shard_of, mixed = frame[shards.SHARD].to_numpy(), frame[shards.MIXED].to_numpy()
+    assert shard_of.min() >= 0 and shard_of.max() < count, f"seed={seed}: a shard out of range"
     assert len(set(mixed.tolist())) == units.size and mixed.max() < 1 << bits, f"seed={seed}: not a bijection"
-    for s in np.unique(shards).tolist():
-        within = mixed[shards == s] - mix.first(s)
+    for s in np.unique(shard_of).tolist():
+        within = mixed[shard_of == s] - mix.first(s)
         assert within.min() >= 0 and within.max() < -(-(1 << bits) // count), f"seed={seed}: shard {s}: codes too long"
-        assert (mix.unit_codes(s, within) == units[shards == s]).all(), f"seed={seed}: shard {s}: units not recovered"
+        assert (mix.unit_codes(s, within) == units[shard_of == s]).all(), f"seed={seed}: shard {s}: units not recovered"
 
 
 def test_unit_mix_spreads_strided_ids_over_every_shard() -> None:
@@ -381,12 +380,12 @@ def test_unit_mix_spreads_strided_ids_over_every_shard() -> None:
         units = np.arange(0, 200_000 * stride, stride)
         bits = int(units.max()).bit_length()
         for secret in range(20):  # 0 included: the multipliers are never 1
-            mix = sorted_bounding._UnitMix.of(RangeCodes((Digit("uid", 0, 1 << bits, pl.Int64(), nulls=False),)),
-                                              48, secret * 7_919_000_003)
+            mix = shards.UnitMix.of(RangeCodes((Digit("uid", 0, 1 << bits, pl.Int64(), nulls=False),)),
+                                    48, secret * 7_919_000_003)
             assert mix is not None
-            shards = pl.DataFrame({"u": units}).with_columns(mix.mixed(pl.col("u"))).select(
-                mix.shard(pl.col(sorted_bounding.MIXED))).to_series()
-            sizes = np.bincount(shards.to_numpy(), minlength=48)
+            shard_of = pl.DataFrame({"u": units}).with_columns(mix.mixed(pl.col("u"))).select(
+                mix.shard(pl.col(shards.MIXED))).to_series()
+            sizes = np.bincount(shard_of.to_numpy(), minlength=48)
             assert sizes.min() > 0.5 * sizes.mean() and sizes.max() < 1.5 * sizes.mean(), (stride, secret, sizes)
 
 
@@ -432,7 +431,7 @@ def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
     assert sorted_bounding._choice_order(runs, rows, hashes).tolist() == expected.tolist(), f"seed={seed}"
 
 
-@pytest.mark.parametrize(("rows", "workers", "shards"), [
+@pytest.mark.parametrize(("rows", "workers", "count"), [
     (10**7, 2, 5),          # SHARD_ROWS (2^21) decides on two cores
     (10**7, 16, 16),        # one shard per worker on sixteen
     (10**8, 16, 48),
@@ -440,6 +439,6 @@ def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
     (2**21, 64, 1),         # one shard stays one, in memory
 ])
 def test_rows_split_into_shards_give_every_worker_one(monkeypatch: pytest.MonkeyPatch, rows: int, workers: int,
-                                                      shards: int) -> None:
-    monkeypatch.setattr(sorted_bounding, "WORKERS", workers)
-    assert sorted_bounding._shard_count(rows) == shards
+                                                      count: int) -> None:
+    monkeypatch.setattr(shards, "WORKERS", workers)
+    assert shards.shard_count(rows) == count

@@ -1,0 +1,251 @@
+"""Shards of whole privacy units: how a query's rows are split so that each unit's rows are
+sorted together in memory (`dprun.engines.sorted_bounding`), and the worker threads that
+bound the shards.
+
+Rows go to shards by a keyed hash of their unit (or a secret bijection of its range code,
+`UnitMix`) through Polars' partitioned sink into scratch Arrow files. Shards only gather a
+unit's rows; they never decide what counts, so no released number depends on them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from queue import SimpleQueue
+from typing import BinaryIO, TypeVar
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from dprun.engines.codes import KEY, PACKED, PACKED_BITS, UNIT, Codes, RangeCodes, shard_unit_codes
+from dprun.engines.polars_steps import collect, sink
+
+SHARD = "__dprun_shard__"
+MIXED = "__dprun_mixed__"
+R = TypeVar("R")
+A = TypeVar("A")
+# Rows sorted in memory at once: ~8 bytes per row and per value column. A shard's arrays
+# (16 MB per column) stay below glibc's mmap threshold (`keep_freed_memory`), so they are
+# reused from the heap: at 2^22 rows half the shards' arrays were mapped afresh, page by
+# page, and the bounding spent twice the kernel time.
+SHARD_ROWS = 2**21
+# Shards bounded at once (`in_parallel_into`): one per Polars thread, as many as the cores the
+# process may use (each holds about 100 MB at SHARD_ROWS: memory grows with the cores, as
+# Polars' own buffers do), at least 2 so that one shard is bounded while another is read.
+WORKERS = max(2, pl.thread_pool_size())
+# Rows of a shard at the least where the rows are split anyway, so that each worker gets one (`shard_count`).
+MIN_SHARD_ROWS = 2**18
+
+
+def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+    """The shard's rows with their packed codes, and how to find the values of a unit from its code there."""
+    units = codes.units
+    shard = loaded.load()
+    mix = loaded.mix
+    if isinstance(units, RangeCodes):
+        if mix is None:
+            return shard, units.values
+        shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
+        return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
+    shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
+    shard = shard.with_columns(codes.packed(pl.col(UNIT)))
+    return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
+
+
+def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:
+    """The values of the units with these codes (col : (UNIT, unit columns) of a shard), in the order given."""
+    found = shard_units.filter(pl.col(UNIT).is_in(pl.Series(np.unique(codes)).implode())).unique(UNIT)
+    return pl.DataFrame({UNIT: codes}).join(found, on=UNIT, how="left", maintain_order="left").drop(UNIT)
+
+
+def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: UnitMix | None, extra: Sequence[str | pl.Expr]
+                  ) -> pl.LazyFrame:
+    """The rows as they go to the shards: packed codes (or the unit columns and the key code,
+    packed per shard), with their shard where `mix` says it, then `extra` columns."""
+    keyed = codes.keys.attach(rows)
+    if isinstance(codes.units, RangeCodes):
+        if mix is None:
+            return keyed.select(codes.packed(codes.units.code()), *extra)
+        return keyed.with_columns(mix.mixed(codes.units.code())).select(
+            codes.packed(pl.col(MIXED)), mix.shard(pl.col(MIXED)), *extra)
+    return keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *(c for c in extra if isinstance(c, str))]),
+                        *(c for c in extra if not isinstance(c, str)))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A shard: how to load its rows, its number, and the mix its range-coded units went through (if any)."""
+
+    load: Callable[[], pl.DataFrame]
+    index: int = 0
+    mix: UnitMix | None = None
+
+
+@dataclass(frozen=True)
+class UnitMix:
+    """Range-coded units spread over `count` shards by a secret bijection of their codes.
+
+    A unit code u below 2^bits is mixed into m, below 2^bits too (multiplied by an odd number,
+    its top half xored into its bottom half, multiplied again, all mod 2^bits: each step a
+    bijection, as in the finalizers of MurmurHash); its shard is m's top part ⌊m · count /
+    2^bits⌋, and within its shard it is coded m less the shard's first m: log2(count) bits
+    fewer than u, so that a shard's codes and row places fit one Int64 for numpy to sort
+    (`_sorted_with_places`). The multipliers come from the run's secret; the mix spreads ids
+    with a common stride (all even, all multiples of 1,000) over every shard. Shards only
+    gather a unit's rows, they never decide what counts.
+    """
+
+    bits: int
+    multipliers: tuple[int, int]
+    count: int
+
+    @classmethod
+    def of(cls, units: RangeCodes, count: int, seed: int) -> UnitMix | None:
+        """The mix of these units over `count` shards; None where u · multiplier could pass Int64."""
+        bits = max(1, units.bits)
+        if bits > 31:
+            return None
+        # Odd, with the top bit set: the product wraps for every unit code but 0 and 1.
+        first, second = (part % (1 << bits) | 1 | 1 << (bits - 1) for part in (seed, seed >> 32))
+        return cls(bits, (first, second), count)
+
+    def mixed(self, unit_code: pl.Expr) -> pl.Expr:
+        """m, the mixed code of each row's unit (`MIXED`)."""
+        mask = (1 << self.bits) - 1
+        mixed = unit_code * self.multipliers[0] & mask
+        return ((mixed ^ mixed // self._half) * self.multipliers[1] & mask).alias(MIXED)
+
+    def shard(self, mixed: pl.Expr) -> pl.Expr:
+        """Each row's shard; a row outside the ranges (a null code) goes to the first, whose sort then fails the run."""
+        return (mixed * self.count // (1 << self.bits)).fill_null(0).alias(SHARD)
+
+    def first(self, shard: int) -> int:
+        """The first mixed code of a shard: ⌈shard · 2^bits / count⌉."""
+        return (shard * (1 << self.bits) + self.count - 1) // self.count
+
+    def unit_codes(self, shard: int, within: np.ndarray) -> np.ndarray:
+        """The query's unit codes of codes within a shard."""
+        below = 1 << self.bits
+        first, second = (pow(m, -1, below) for m in self.multipliers)
+        mixed = (within + self.first(shard)) * second % below
+        # x ^ (x >> h) is its own inverse when 2h ≥ bits: the bits shifted in come from the half it leaves alone.
+        return (mixed ^ mixed // self._half) * first % below
+
+    @property
+    def _half(self) -> int:
+        return 1 << (self.bits + 1) // 2
+
+
+def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr]
+            ) -> list[Shard]:
+    """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort in memory."""
+    count = shard_count(codes.rows)
+    # A shard of codes alone is sorted as it is (`_pair_sums`): mixing units would only cost time.
+    mix = UnitMix.of(codes.units, count, seed) if isinstance(codes.units, RangeCodes) and extra and count > 1 else None
+    frame = _packed_frame(rows, codes, mix, extra)
+    if count == 1:
+        return [Shard(lambda: collect(frame))]
+    files = _ShardFiles(workdir / "packed")
+    if mix is None:
+        unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
+            list(codes.units.columns))
+        frame = frame.with_columns((unit.hash(seed) % count).alias(SHARD))
+    try:
+        sink(frame, pl.PartitionBy(str(files.folder), key=SHARD, include_key=False, file_path_provider=files.create),
+             workdir, arrow=True)
+    finally:
+        files.close()
+    return [Shard(partial(_load, paths), shard, mix) for shard, paths in files.paths()]
+
+
+def shard_count(rows: int) -> int:
+    """Shards of at most SHARD_ROWS rows; where that makes several, at least one per worker while
+    they keep MIN_SHARD_ROWS rows (10^7 rows in 5 shards would leave 11 of 16 cores idle).
+
+    Rows that fit one shard stay one: it is collected in memory, without the partitioned sink."""
+    count = max(1, math.ceil(rows / SHARD_ROWS))
+    if count == 1:
+        return 1
+    return max(count, min(WORKERS, rows // MIN_SHARD_ROWS))
+
+
+class _ShardFiles:
+    """The files Polars' partitioned sink writes, opened here rather than by Polars.
+
+    Polars opens a file it is given by path twice, with O_TRUNC, so the second open
+    truncates the empty file the first created. ext4 takes a truncated file for one being
+    rewritten and, when it is closed, starts writing all its pages to disk (auto_da_alloc):
+    a third of a second at the end of the sink on the benchmark machine, for scratch files
+    that are read back at once. A file opened once, exclusively, stays in the page cache.
+    Unbuffered, so that closing a file after a failed sink has nothing left to write.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir()
+        self.by_shard: dict[int, list[BinaryIO]] = {}
+
+    def create(self, args: pl.FileProviderArgs) -> BinaryIO:
+        shard = int(args.partition_keys[SHARD][0])
+        file = (self.folder / f"{shard}-{args.index_in_partition}.arrow").open("xb", buffering=0)
+        self.by_shard.setdefault(shard, []).append(file)
+        return file
+
+    def paths(self) -> list[tuple[int, list[Path]]]:
+        """Each shard with rows, and its files, in shard order."""
+        return [(shard, [Path(file.name) for file in files]) for shard, files in sorted(self.by_shard.items())]
+
+    def close(self) -> None:
+        for files in self.by_shard.values():
+            for file in files:
+                file.close()
+
+
+def _load(files: list[Path]) -> pl.DataFrame:
+    """A shard's rows, memory-mapped (pyarrow reads Arrow files without a copy, unlike Polars);
+    the files are removed as soon as they are read (deleting hundreds of MB at the end takes a while)."""
+    # Not rechunked: the sort writes its own contiguous copy anyway.
+    shard = pl.from_arrow(pa.concat_tables(pa.ipc.open_file(pa.memory_map(str(file))).read_all() for file in files),
+                          rechunk=False)
+    assert isinstance(shard, pl.DataFrame)
+    for file in files:
+        file.unlink()
+    return shard
+
+
+def in_parallel_into(tasks: Sequence[Callable[[A], R]], new_accumulator: Callable[[], A]) -> tuple[list[R], list[A]]:
+    """Each task's result, in order, WORKERS tasks running at once, and the accumulators (at
+    least one) the tasks were given: a running task holds one that no other running task holds.
+
+    Sorting and numpy release the GIL, so shards keep the cores busy. A task loads its shard
+    when it starts, so only WORKERS shards are held in memory at a time; a worker takes the
+    next task as soon as its own is done, whichever shard is still running (waiting for the
+    shards in order left cores idle behind a slow one). One accumulator per worker, not per
+    task: the sorted path's totals are 8 bytes per key code and quantity, written in full
+    when they are zeroed and when they are merged.
+    """
+    accumulators = [new_accumulator() for _ in range(max(1, min(WORKERS, len(tasks))))]
+    idle: SimpleQueue[A] = SimpleQueue()
+    for accumulator in accumulators:
+        idle.put(accumulator)
+
+    def run(task: Callable[[A], R]) -> R:
+        accumulator = idle.get()
+        try:
+            return task(accumulator)
+        finally:
+            idle.put(accumulator)
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futures = [pool.submit(run, task) for task in tasks]
+        try:
+            return [future.result() for future in futures], accumulators
+        except BaseException:
+            # The first failure ends the run: the shards not started yet are not bounded.
+            pool.shutdown(cancel_futures=True)
+            raise
