@@ -39,6 +39,7 @@ import polars as pl
 from dprun.engines import release_steps, sorted_bounding
 from dprun.engines.codes import codes_for
 from dprun.engines.polars_steps import GLOBAL_KEY, truncated, truncation_key
+from dprun.engines.shards import InputSlices
 from dprun.engines.sorted_bounding import SortedBounding
 from dprun.mechanisms.bound_choice import ContributionProfile
 from dprun.mechanisms.sampling import RandomSource
@@ -77,7 +78,8 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
     shard_seed, truncation_seed, pick_seed, _ = source.hash_seeds()
     rows = _rows(plan, info, keys, truncation_seed)
     codes = codes_for(rows, plan, keys, info, _fan_out(plan))
-    return sorted_bounding.contribution_profile(plan, rows, codes, (shard_seed, pick_seed), workdir)
+    return sorted_bounding.contribution_profile(plan, rows, codes, (shard_seed, pick_seed), workdir,
+                                                _input_slices(plan, info, keys, truncation_seed))
 
 
 def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[int, int], workdir: Path
@@ -88,7 +90,16 @@ def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[in
     private inputs of a join."""
     seed, truncation_seed = seeds
     rows = _rows(plan, info, keys, truncation_seed)
-    return SortedBounding(plan, rows, codes_for(rows, plan, keys, info, _fan_out(plan)), seed, workdir)
+    return SortedBounding(plan, rows, codes_for(rows, plan, keys, info, _fan_out(plan)), seed, workdir,
+                          _input_slices(plan, info, keys, truncation_seed))
+
+
+def _input_slices(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> InputSlices | None:
+    """The query's rows from any slice of its input's rows, where each of its rows comes from one
+    input row alone: a Parquet input without partition folders, no join, no cut per unit."""
+    if info.format != "parquet" or info.partitions or plan.joins or plan.truncation:
+        return None
+    return InputSlices(info.paths, lambda offset, length: _rows(plan, info, keys, truncation_seed, (offset, length)))
 
 
 def _fan_out(plan: QueryPlan) -> int:
@@ -97,10 +108,12 @@ def _fan_out(plan: QueryPlan) -> int:
     return math.prod(join.max_rows_per_unit or 1 for join in plan.joins)
 
 
-def _rows(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> pl.LazyFrame:
+def _rows(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int,
+          input_rows: tuple[int, int] | None = None) -> pl.LazyFrame:
+    """The query's rows, from the input's rows `offset, length` only where `input_rows` gives them."""
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
-    frame = with_derived(_joined_input(plan, info, truncation_seed), dict(plan.derive))
+    frame = with_derived(_joined_input(plan, info, truncation_seed, input_rows), dict(plan.derive))
     if plan.filter is not None:
         frame = frame.filter(row_filter(plan.filter))
     frame = frame.select(sorted(columns))
@@ -123,7 +136,8 @@ def _as_value(column: str, dtype: pl.DataType) -> pl.Expr:
     return pl.col(column)
 
 
-def _joined_input(plan: QueryPlan, info: InputInfo, seed: int) -> pl.LazyFrame:
+def _joined_input(plan: QueryPlan, info: InputInfo, seed: int, input_rows: tuple[int, int] | None
+                  ) -> pl.LazyFrame:
     """The query's input: its private input joined with the inputs its spec joins, in order.
 
     A public lookup is small: joined from memory (`lookup_table`), the private side streams
@@ -137,7 +151,8 @@ def _joined_input(plan: QueryPlan, info: InputInfo, seed: int) -> pl.LazyFrame:
         bound = bounds.get(name)
         return frame if bound is None else truncated(frame, units, bound, truncation_key(seed, position))
 
-    frame = private(plan.private_input, scan(info), 1)
+    own = scan(info) if input_rows is None else scan(info).slice(*input_rows)
+    frame = private(plan.private_input, own, 1)
     for position, joined in enumerate(info.joins, start=2):
         other = lookup_table(joined).lazy() if joined.public else private(joined.info.name, scan(joined.info), position)
         frame = frame.join(other, on=list(joined.on), how=joined.how)

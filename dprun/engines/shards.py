@@ -3,16 +3,21 @@ sorted together in memory (`dprun.engines.sorted_bounding`), and the worker thre
 bound the shards.
 
 Rows go to shards by a keyed hash of their unit (or a secret bijection of its range code,
-`UnitMix`) through Polars' partitioned sink into scratch Arrow files. Shards only gather a
-unit's rows; they never decide what counts, so no released number depends on them.
+`UnitMix`) through Polars' partitioned sink into scratch Arrow files. Where a Parquet
+input's footers show its row groups in order of an integer unit, shards are runs of row
+groups instead, each read by its worker: nothing is written, and reading overlaps bounding
+(`unit_ordered_shards`). Shards only gather a unit's rows; they never decide what counts,
+so no released number depends on them.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import pairwise
 from functools import partial
 from pathlib import Path
 from queue import SimpleQueue
@@ -21,8 +26,9 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from dprun.engines.codes import KEY, PACKED, PACKED_BITS, UNIT, Codes, RangeCodes, shard_unit_codes
+from dprun.engines.codes import KEY, PACKED, PACKED_BITS, UNIT, Codes, Digit, RangeCodes, shard_unit_codes
 from dprun.engines.polars_steps import collect, sink
 
 SHARD = "__dprun_shard__"
@@ -40,6 +46,9 @@ SHARD_ROWS = 2**21
 WORKERS = max(2, pl.thread_pool_size())
 # Rows of a shard at the least where the rows are split anyway, so that each worker gets one (`shard_count`).
 MIN_SHARD_ROWS = 2**18
+# The largest row group read as a shard of its own (`unit_ordered_shards`); larger ones (a
+# writer's 128 MB row groups of a few narrow columns) are split by the hash of their units.
+MAX_GROUP_ROWS = 4 * SHARD_ROWS
 
 
 def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
@@ -49,7 +58,8 @@ def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, C
     mix = loaded.mix
     if isinstance(units, RangeCodes):
         if mix is None:
-            return shard, units.values
+            first = loaded.first_unit
+            return shard, units.values if first == 0 else lambda within: units.values(within + first)
         shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
         return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
     shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
@@ -79,11 +89,23 @@ def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: UnitMix | None, extra: 
 
 @dataclass(frozen=True)
 class Shard:
-    """A shard: how to load its rows, its number, and the mix its range-coded units went through (if any)."""
+    """A shard: how to load its rows, its number, and the mix its range-coded units went through
+    (if any) or, for a run of row groups, the unit code its own codes start from."""
 
     load: Callable[[], pl.DataFrame]
     index: int = 0
     mix: UnitMix | None = None
+    first_unit: int = 0
+
+
+@dataclass(frozen=True)
+class InputSlices:
+    """A query whose every row comes from one row of its Parquet `paths` on its own (it joins
+    nothing and cuts no unit's rows), so that `rows_of(offset, length)` is the query's rows
+    from that slice of the input's rows."""
+
+    paths: tuple[Path, ...]
+    rows_of: Callable[[int, int], pl.LazyFrame]
 
 
 @dataclass(frozen=True)
@@ -141,10 +163,14 @@ class UnitMix:
         return 1 << (self.bits + 1) // 2
 
 
-def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr]
-            ) -> list[Shard]:
-    """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort in memory."""
+def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr],
+                      slices: InputSlices | None = None) -> list[Shard]:
+    """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort
+    in memory: runs of row groups where `slices` reads an input whose footers show them in
+    order of its unit, else by a hash of the unit."""
     count = shard_count(codes.rows)
+    if count > 1 and slices is not None and (ordered := unit_ordered_shards(slices, codes, extra)) is not None:
+        return ordered
     # A shard of codes alone is sorted as it is (`_pair_sums`): mixing units would only cost time.
     mix = UnitMix.of(codes.units, count, seed) if isinstance(codes.units, RangeCodes) and extra and count > 1 else None
     frame = _packed_frame(rows, codes, mix, extra)
@@ -172,6 +198,145 @@ def shard_count(rows: int) -> int:
     if count == 1:
         return 1
     return max(count, min(WORKERS, rows // MIN_SHARD_ROWS))
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Consecutive rows of the input, `offset` to `offset + rows`, whose units the footers put in `low` .. `high`."""
+
+    offset: int
+    rows: int
+    low: int
+    high: int
+
+
+def unit_ordered_shards(slices: InputSlices, codes: Codes, extra: Sequence[str | pl.Expr]) -> list[Shard] | None:
+    """Shards of consecutive row groups, each read by the worker that bounds it, where the
+    footers give every row group the range of an integer unit and each group's largest unit is
+    at most the next one's smallest; None otherwise.
+
+    Files written by user (exports, a sort before the write) have their row groups in that
+    order. The footers only choose the shards: each row's unit is checked to lie in its
+    shard's range (a row outside fails the run), so each unit is in one shard whatever the
+    footers say. A unit that is the last of one shard and the first of the next has its rows
+    taken out of both and bounded in one more shard (`_SplitUnits`).
+    """
+    units = codes.units
+    if not isinstance(units, RangeCodes) or len(units.digits) != 1:
+        return None
+    digit = units.digits[0]
+    groups = _row_groups_in_unit_order(slices.paths, digit.column)
+    if groups is None:
+        return None
+    if any(group.rows > MAX_GROUP_ROWS for group in groups):
+        return None
+    spans = _spans(groups)
+    if any((span.high - span.low).bit_length() + codes.key_bits > PACKED_BITS for span in spans):
+        return None
+    splits = [left.high == right.low for left, right in pairwise(spans)]
+    split_units = _SplitUnits(len(spans)) if any(splits) else None
+    edges = zip([False, *splits], [*splits, False], strict=True)
+    shards = [Shard(partial(_load_span, slices, codes, extra, span, edge, split_units), index,
+                    first_unit=span.low - digit.minimum)
+              for index, (span, edge) in enumerate(zip(spans, edges, strict=True))]
+    return shards if split_units is None else [*shards, Shard(split_units.load, len(shards))]
+
+
+def _row_groups_in_unit_order(paths: tuple[Path, ...], column: str) -> list[_Span] | None:
+    """Each non-empty row group of the files, in order, with its range of `column`, where
+    every footer has an integer range for it and each group's range ends at or before the next begins."""
+    groups: list[_Span] = []
+    offset = 0
+    try:
+        for path in paths:
+            metadata = pq.ParquetFile(path).metadata
+            names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+            if column not in names:
+                return None
+            for group in (metadata.row_group(i) for i in range(metadata.num_row_groups)):
+                stats = group.column(names.index(column)).statistics
+                if group.num_rows and (stats is None or not stats.has_min_max
+                                       or stats.physical_type not in ("INT32", "INT64")):
+                    return None
+                if group.num_rows:
+                    groups.append(_Span(offset, group.num_rows, int(stats.min), int(stats.max)))
+                offset += group.num_rows
+    except (OSError, pa.ArrowException):
+        return None  # the hash path reads the files and names the problem
+    in_order = all(left.high <= right.low for left, right in pairwise(groups))
+    return groups if groups and in_order else None
+
+
+def _spans(groups: list[_Span]) -> list[_Span]:
+    """Runs of consecutive row groups of at most SHARD_ROWS rows, or fewer where that leaves a
+    worker without a shard, as in `shard_count`; a row group larger than that is a shard of its own."""
+    total = sum(group.rows for group in groups)
+    target = min(SHARD_ROWS, max(MIN_SHARD_ROWS, math.ceil(total / WORKERS)))
+    spans = [groups[0]]
+    for group in groups[1:]:
+        last = spans[-1]
+        if last.rows + group.rows <= target:
+            spans[-1] = _Span(last.offset, last.rows + group.rows, last.low, group.high)
+        else:
+            spans.append(group)
+    return spans
+
+
+def _load_span(slices: InputSlices, codes: Codes, extra: Sequence[str | pl.Expr], span: _Span,
+               split: tuple[bool, bool], split_units: _SplitUnits | None) -> pl.DataFrame:
+    """A span's rows with their packed codes, the unit coded from the span's smallest unit;
+    where its first or last unit is split with a neighbour, that unit's rows go to `split_units`
+    (coded as the query codes it) instead. A unit outside the span gets a null code."""
+    assert isinstance(codes.units, RangeCodes)
+    digit = codes.units.digits[0]
+    local = RangeCodes((replace(digit, minimum=span.low, span=span.high - span.low + 1),))
+    frame = codes.keys.attach(slices.rows_of(span.offset, span.rows)).select(codes.packed(local.code()), *extra)
+    if split_units is None:
+        return collect(frame)
+    taken: pl.DataFrame | None = None
+    try:
+        loaded = collect(frame)
+        unit = pl.col(PACKED) // (1 << codes.key_bits)
+        first, last = split
+        is_split = (pl.lit(first) & (unit == 0) | pl.lit(last) & (unit == span.high - span.low)).fill_null(False)
+        mask = loaded.select(is_split).to_series()
+        taken = loaded.filter(mask).with_columns(pl.col(PACKED) + (span.low - digit.minimum) * (1 << codes.key_bits))
+        return loaded.filter(~mask)
+    finally:
+        split_units.add(taken)
+
+
+class _SplitUnits:
+    """The rows of units split between two shards' row groups, taken out of those shards as they
+    load (`add`), then bounded as one more shard, the last.
+
+    Its load waits until every other shard has loaded or failed: `in_parallel_into` starts
+    tasks in order, so when the last one starts every other one has started on another worker.
+    """
+
+    def __init__(self, shards: int) -> None:
+        self._parts: list[pl.DataFrame] = []
+        self._waiting = shards
+        self._failed = False
+        self._lock = threading.Lock()
+        self._loaded = threading.Event()
+
+    def add(self, part: pl.DataFrame | None) -> None:
+        """A shard's split units' rows; None where the shard failed to load."""
+        with self._lock:
+            if part is None:
+                self._failed = True
+            else:
+                self._parts.append(part)
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._loaded.set()
+
+    def load(self) -> pl.DataFrame:
+        self._loaded.wait()
+        # A failed shard's own error ends the run: `in_parallel_into` reports results in order.
+        assert not self._failed, "a shard failed before the split units were gathered"
+        return pl.concat(self._parts)
 
 
 class _ShardFiles:

@@ -31,7 +31,7 @@ import polars as pl
 from dprun.engines import light_units, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_units, scaled_partial
-from dprun.engines.shards import Shard, in_parallel_into, packed_rows, split_into_shards
+from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms import bound_choice, selection
@@ -243,7 +243,8 @@ def _exact_bincount(keys: np.ndarray, values: np.ndarray, size: int) -> pl.Serie
 class SortedBounding:
     """Both contribution boundings of one query, computed shard by shard on packed codes."""
 
-    def __init__(self, plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path) -> None:
+    def __init__(self, plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path,
+                 slices: InputSlices | None = None) -> None:
         self.plan = plan
         self.codes = codes
         self.seed = seed
@@ -268,7 +269,7 @@ class SortedBounding:
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
         # Units not coded by range are coded once their shard is in memory (`packed_rows`).
-        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves])
+        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves], slices)
         work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
         outputs, (totals, *others) = in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
@@ -472,8 +473,8 @@ class _Profile:
         self.kept_pairs += other.kept_pairs
 
 
-def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seeds: tuple[int, int], workdir: Path
-                         ) -> bound_choice.ContributionProfile:
+def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seeds: tuple[int, int], workdir: Path,
+                         slices: InputSlices | None = None) -> bound_choice.ContributionProfile:
     """The exact histograms `auto` bounds are chosen from, shard by shard of units (memory: the
     shards being sorted, and one count per key code).
 
@@ -487,7 +488,8 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     assert choice is not None, "a query with auto bounds"
     shard_seed, pick_seed = seeds
     value_columns = {f"{VALUE}{i}": pl.col(c).cast(pl.Float64) for i, c in enumerate(choice.value_columns)}
-    loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()])
+    loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()],
+                              slices)
 
     def new_profile() -> _Profile:
         return _Profile(np.zeros(choice.shape, dtype=np.int64),

@@ -1,0 +1,177 @@
+"""Shards of whole units (dprun/engines/shards.py), read as runs of row groups where a Parquet
+input's footers show them in order of its unit.
+
+No released number may depend on how rows are sharded: each test runs a spec twice under one
+test seed, with the row groups read as shards and with the rows sharded by a hash of the unit,
+and compares the outputs exactly. Seeds come from os.urandom and are part of every message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dprun_testing import fresh_seed, invoke
+from engine_specs import output, query, run_ok, write_spec
+from test_sorted_bounding import CANDIDATES, METRICS, TREE, heavy_tailed_rows
+
+from dprun.engines import shards
+from dprun.engines.codes import Codes, Digit, RangeCodes
+
+
+class Spans:
+    """Counts the row groups read as shards, and the units split between two of them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loaded = 0
+        self.split = 0
+        original_load, original_add = shards._load_span, shards._SplitUnits.add
+
+        def load(*args: Any) -> pl.DataFrame:
+            self.loaded += 1
+            return original_load(*args)
+
+        def add(units: shards._SplitUnits, part: pl.DataFrame | None) -> None:
+            self.split += 0 if part is None else part.height
+            original_add(units, part)
+
+        monkeypatch.setattr(shards, "_load_span", load)
+        monkeypatch.setattr(shards._SplitUnits, "add", add)
+
+
+def hashed_shards(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(shards, "unit_ordered_shards", lambda *args: None)
+
+
+def ordered_rows(rng: np.random.Generator, units: int) -> pl.DataFrame:
+    """`heavy_tailed_rows` ordered by unit, one unit with a thousand rows in the middle (it
+    spans several row groups and shards), the rows of each unit in random order."""
+    rows = heavy_tailed_rows(rng, units)
+    middle = int(rows["uid"].sort()[rows.height // 2])
+    heavy = pl.DataFrame({"uid": np.full(1000, middle), "key": rng.integers(-100, 100, 1000),
+                          "value": rng.normal(20, 30, 1000)})
+    return pl.concat([rows, heavy]).sort("uid", maintain_order=True)
+
+
+QUERIES = [
+    query("plume", ["key"], METRICS, l0=3, m=2, partitions={"selection": "gaussian_threshold"}),
+    query("public", ["key"], [*METRICS, TREE, CANDIDATES], l0=2, m=2, partitions={"public": [-99, -13, 0, 1, 2, 500]}),
+    query("released", ["key"], METRICS[:2], l0=4, m=1, partitions={"selection": "released_count"}),
+    {**query("filtered", ["key"], METRICS[:3], l0=2, m=3, partitions={"selection": "laplace_threshold"}),
+     "filter": "uid % 3 = 0 and uid > 0"},
+    query("auto", ["key"], METRICS[:3], partitions={"public": [-99, -13, 0, 1, 2, 500]}) | {
+        "contribution_bounds": {"max_partitions_contributed": "auto", "max_contributions_per_partition": "auto"}},
+]
+
+
+def releases_both_ways(spec: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[pl.DataFrame,
+                                                                                                 pl.DataFrame]]:
+    names = [q["name"] for q in json.loads(spec.read_text())["queries"]]
+    run_ok(spec, seed)
+    ordered = {name: output(spec, name) for name in names}
+    with monkeypatch.context() as patch:
+        hashed_shards(patch)
+        run_ok(spec, seed)
+    return {name: (ordered[name], output(spec, name)) for name in names}
+
+
+@pytest.mark.parametrize("files", [1, 3])
+def test_row_groups_in_unit_order_release_the_same_tables_as_hashed_shards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int) -> None:
+    """Small row groups (units cut between them), many small shards, one unit over several
+    shards, a filter that empties some shards, quantiles and auto bounds; one file or three."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = ordered_rows(rng, 1500)
+    (tmp_path / "data").mkdir()
+    for index, part in enumerate(np.array_split(np.arange(rows.height), files)):
+        rows[part].write_parquet(tmp_path / "data" / f"part-{index}.parquet", row_group_size=97)
+    monkeypatch.setattr(shards, "SHARD_ROWS", 400)
+    monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 100)
+    spec = write_spec(tmp_path, QUERIES, epsilon=20.0, delta=1e-6, data="data/*.parquet")
+    spans = Spans(monkeypatch)
+    for name, (ordered, hashed) in releases_both_ways(spec, seed, monkeypatch).items():
+        assert ordered.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert ordered.equals(hashed), f"seed={seed}: {name} differs:\n{ordered}\n{hashed}"
+    # Five queries (auto bounds read the rows twice), each over rows.height / 400 shards or more.
+    assert spans.loaded >= 6 * rows.height // 400, f"seed={seed}: {spans.loaded} row groups read as shards"
+    assert spans.split >= 6 * 1000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
+
+
+def test_a_shuffled_file_or_one_without_statistics_is_sharded_by_hash(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = ordered_rows(rng, 800)
+    monkeypatch.setattr(shards, "SHARD_ROWS", 400)
+    spans = Spans(monkeypatch)
+    unit = RangeCodes((Digit("uid", -1000, 10_000, pl.Int64(), nulls=False),))
+    cases = {
+        "shuffled": lambda path: rows.sample(fraction=1.0, shuffle=True, seed=seed % 2**32).write_parquet(
+            path, row_group_size=97),
+        "no statistics": lambda path: pq.write_table(rows.to_arrow(), path, row_group_size=97, write_statistics=False),
+        "ordered": lambda path: rows.write_parquet(path, row_group_size=97),
+    }
+    for case, write in cases.items():
+        path = tmp_path / f"{case}.parquet"
+        write(path)
+        found = shards._row_groups_in_unit_order((path,), unit.digits[0].column)
+        assert (found is not None) == (case == "ordered"), f"seed={seed}: {case}: {found}"
+    spec = write_spec(tmp_path, QUERIES[:1], epsilon=20.0, delta=1e-6, data="shuffled.parquet")
+    run_ok(spec, seed)
+    assert spans.loaded == 0, f"seed={seed}: a shuffled file was read as row groups"
+
+
+def test_a_unit_outside_its_row_groups_range_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Footers only choose the shards: a row whose unit lies outside what the footers gave its
+    row group (a file whose statistics lie) fails the run without showing the unit."""
+    seed = fresh_seed()
+    rows = ordered_rows(np.random.default_rng(seed), 800)
+    rows.write_parquet(tmp_path / "data.parquet", row_group_size=97)
+    monkeypatch.setattr(shards, "SHARD_ROWS", 400)
+    original = shards._row_groups_in_unit_order
+
+    def lying(*args: Any) -> list[shards._Span] | None:
+        found = original(*args)
+        assert found is not None
+        # Each group's range says one unit less at its top than its rows hold.
+        return [shards._Span(group.offset, group.rows, group.low, group.high - 1) for group in found]
+
+    monkeypatch.setattr(shards, "_row_groups_in_unit_order", lying)
+    spec = write_spec(tmp_path, QUERIES[:1], epsilon=20.0, delta=1e-6)
+    result = invoke("run", str(spec), "--seed", str(seed))
+    assert result.exit_code == 3, f"seed={seed}: {result.exit_code}: {result.output}"
+    assert "statistics do not match" in result.output and "Traceback" not in result.output, f"seed={seed}"
+    assert not (tmp_path / "out" / "plume.parquet").exists(), f"seed={seed}: a failed run published"
+
+
+def test_row_groups_group_into_shards_of_at_most_shard_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive groups up to SHARD_ROWS rows a shard (fewer where the workers would go
+    without one); a unit is split where one shard ends with it and the next begins with it."""
+    monkeypatch.setattr(shards, "WORKERS", 2)
+    groups = [shards._Span(i * 2**20, 2**20, 10 * i, 10 * i + 10) for i in range(5)]
+    assert [(s.offset, s.rows, s.low, s.high) for s in shards._spans(groups)] == [
+        (0, 2**21, 0, 20), (2**21, 2**21, 20, 40), (2**22, 2**20, 40, 50)]
+    monkeypatch.setattr(shards, "WORKERS", 16)
+    assert len(shards._spans(groups)) == 5
+    too_large = [shards._Span(0, shards.MAX_GROUP_ROWS + 1, 0, 9)]
+    slices = shards.InputSlices((), lambda offset, length: pl.LazyFrame())
+    monkeypatch.setattr(shards, "_row_groups_in_unit_order", lambda *args: too_large)
+    codes = Codes(RangeCodes((Digit("uid", 0, 10, pl.Int64(), nulls=False),)),
+                         RangeCodes((Digit("key", 0, 10, pl.Int64(), nulls=True),)), ("key",),
+                         too_large[0].rows)
+    assert shards.unit_ordered_shards(slices, codes, []) is None
+
+
+def test_pyarrow_statistics_of_unsigned_units_are_their_values(tmp_path: Path) -> None:
+    """UInt64 units above 2^63 keep their order in the footers dprun reads."""
+    table = pa.table({"uid": pa.array([2**63 + 5, 2**63 + 9, 2**64 - 1], pa.uint64())})
+    pq.write_table(table, tmp_path / "u.parquet", row_group_size=2)
+    found = shards._row_groups_in_unit_order((tmp_path / "u.parquet",), "uid")
+    assert found is not None and [(g.low, g.high) for g in found] == [(2**63 + 5, 2**63 + 9), (2**64 - 1, 2**64 - 1)]
