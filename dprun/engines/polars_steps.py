@@ -33,8 +33,12 @@ def row_units(quantity: Quantity) -> pl.Expr:
     if quantity.aggregate == "centered_sumsq":
         value = value * value
     scaled = (value * math.ldexp(1.0, -quantity.unit_exponent)).round()
-    low = 0 if quantity.aggregate == "centered_sumsq" else -quantity.max_units
-    return scaled.clip(low, quantity.max_units).cast(pl.Int64)
+    return scaled.clip(*row_unit_range(quantity)).cast(pl.Int64)
+
+
+def row_unit_range(quantity: Quantity) -> tuple[int, int]:
+    """The fewest and most units a row of the quantity counts for."""
+    return (0 if quantity.aggregate == "centered_sumsq" else -quantity.max_units), quantity.max_units
 
 
 def truncation_key(seed: int, position: int) -> int:

@@ -20,6 +20,7 @@ unit's partitions, so under the test seed both engines release identical tables.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -28,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dprun.engines import light_units, release_steps, sorted_quantiles
+from dprun.engines import compiled, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes
-from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_units, scaled_partial
+from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
 from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
@@ -71,13 +72,13 @@ class _Totals:
             self.sums[qid].add(keys, values, pairs)
 
     def add_light_units(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
-                        partials: dict[str, np.ndarray], weights: np.ndarray, loop: light_units.Loop | None
+                        partials: dict[str, np.ndarray], weights: np.ndarray, loop: compiled.LightUnits | None
                         ) -> np.ndarray:
         """Add the pairs of units with at most `max_partitions` pairs, through the compiled `loop`
         where given, else numpy's passes; return the indices of the other units' pairs.
 
         `partials`: every quantity's but the weights', in the order of the table's columns; where
-        the selection is weighted, w(n) is `weights[n - 1]` (`light_units.compiled_loop`)."""
+        the selection is weighted, w(n) is `weights[n - 1]` (`light_units.add_light_units`)."""
         assert list(partials) == list(self.sums)[:len(partials)], "partials in the order of the table's columns"
         if loop is None:
             return self._add_light_units_by_numpy(pair_codes, key_bits, max_partitions, partials, weights)
@@ -263,8 +264,8 @@ class SortedBounding:
         self.chosen: np.ndarray | None = None
         self.rebound = False
         keep_freed_memory()
-        # Loaded while the shards are written (`light_units`).
-        self.compiled_loop = light_units.compiled_loop() if codes.rows >= light_units.COMPILED_FROM_ROWS else None
+        # Loaded while the shards are read (`compiled`).
+        self.compiled = compiled.compiled_passes() if codes.rows >= compiled.COMPILED_FROM_ROWS else None
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
@@ -286,13 +287,47 @@ class SortedBounding:
         values = [row_units(q).fill_null(0).alias(q.id) for q in self.quantities if q.aggregate != "rows"]
         return shard.select(PACKED, *present, *values, *self.leaf_columns)
 
+    def _value_pair_sums(self, shard: pl.DataFrame, passes: compiled.Passes) -> dict[str, np.ndarray] | None:
+        """`_pair_sums` of `_row_values`, the same integers, with each value quantity's units
+        computed and summed per pair by the compiled pass (`pair_units`); None where the value
+        columns are not all numbers or the codes and row places do not fit one Int64."""
+        if any(shard[c].dtype != pl.Float64 for c in self.value_columns):
+            return None
+        _check_codes(shard)
+        found = _sorted_with_places(shard)
+        if found is None:
+            return None
+        packed, order = found
+        starts, rows = _runs(packed)
+        pairs = {PACKED: packed[starts], ROWS: rows, STARTS: starts}
+        # A missing value is NaN here: `_as_value` turned NaN into null, and numpy reads null as NaN.
+        columns = {c: np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns}
+        for column, values in columns.items():
+            if shard[column].null_count():
+                pairs[_present(column)] = passes.pair_present(values, order, starts)
+        for quantity in self.quantities:
+            if quantity.aggregate != "rows":
+                assert quantity.column is not None
+                low, high = row_unit_range(quantity)
+                lower = -math.inf if quantity.lower is None else quantity.lower
+                upper = math.inf if quantity.upper is None else quantity.upper
+                pairs[quantity.id] = passes.pair_unit_sums(
+                    columns[quantity.column], order, starts, float(lower), float(upper), float(quantity.center),
+                    math.ldexp(1.0, -quantity.unit_exponent), float(low), float(high),
+                    quantity.aggregate == "centered_sumsq")
+        for leaf in self.leaf_columns:
+            pairs[leaf] = shard[leaf].to_numpy()[order]
+        return pairs
+
     def _bound_shard(self, load: Shard, files: _ShardOutput, totals: _WorkerTotals
                      ) -> _ShardOutput:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
         heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
         are returned (the names of those written)."""
         shard, unit_values = packed_rows(load, self.codes, self.seed)
-        pairs = _pair_sums(self._row_values(shard), carried=self.leaf_columns)
+        passes = self.compiled.result() if self.compiled is not None else None
+        pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
+                 ) or _pair_sums(self._row_values(shard), carried=self.leaf_columns)
         del shard
         leaves = [pairs.pop(column) for column in self.leaf_columns]
         starts = pairs.pop(STARTS)
@@ -305,7 +340,7 @@ class SortedBounding:
         # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
         weights = (selection.unit_weights(np.arange(1, min(l0, pair_packed.size) + 1)) if self.weighted
                    else np.zeros(0, np.int64))
-        loop = self.compiled_loop.result() if self.compiled_loop is not None else None
+        loop = passes.add_light_units if passes is not None else None
         heavy = totals.light.add_light_units(pair_packed, key_bits, l0, partials, weights, loop)
         heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
         if self.weighted:
@@ -545,13 +580,7 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
 
     A pair's rows are a run in the sorted codes, so np.add.reduceat sums them (no hashing).
     """
-    if shard[PACKED].null_count():
-        raise DataError("the input changed while dprun read it, or a Parquet footer's statistics do not match "
-                        "the file's data; rewrite the file")
-    if shard.height >= 2**32:
-        # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
-        raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
-                        " split the input")
+    _check_codes(shard)
     order: np.ndarray | None = None
     if shard.width == 1:
         # numpy's sort (SIMD where the processor has it): the lone column of codes, in place
@@ -579,6 +608,17 @@ def _pair_sums(shard: pl.DataFrame, carried: Sequence[str] = ()) -> dict[str, np
         else:
             pairs[column] = values[:0].astype(np.int64)
     return pairs
+
+
+def _check_codes(shard: pl.DataFrame) -> None:
+    """Every row has a code, and the shard's pair sums fit Int64."""
+    if shard[PACKED].null_count():
+        raise DataError("the input changed while dprun read it, or a Parquet footer's statistics do not match "
+                        "the file's data; rewrite the file")
+    if shard.height >= 2**32:
+        # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
+        raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
+                        " split the input")
 
 
 def _sorted_with_places(shard: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dprun import api
-from dprun.engines import light_units, polars_engine, shards, sorted_bounding
+from dprun.engines import compiled as compiled_passes
+from dprun.engines import polars_engine, shards, sorted_bounding
 from dprun.engines.polars_steps import UNITS, row_units
 from dprun.plan import QueryPlan
 
@@ -123,7 +124,7 @@ def test_bounded_sums_match_a_brute_force_reference(seed: int, unit_kind: str, k
     rows = random_rows(rng, unit_kind, key_kind, units, keys)
     with tempfile.TemporaryDirectory() as folder, mock.patch.object(
             shards, "SHARD_ROWS", 40 if small_shards else shards.SHARD_ROWS), mock.patch.object(
-            light_units, "COMPILED_FROM_ROWS", 0 if compiled else light_units.COMPILED_FROM_ROWS):
+            compiled_passes, "COMPILED_FROM_ROWS", 0 if compiled else compiled_passes.COMPILED_FROM_ROWS):
         rows.write_parquet(Path(folder) / "data.parquet")
         validated = api.validate(write_spec(Path(folder), unit_kind, key_kind, l0, m))
         plan = api.plan(validated).queries[0]

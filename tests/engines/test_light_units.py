@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from dprun_testing import REPOSITORY, example_copy, fresh_seed, no_ambient_ledger
 
+from dprun.engines import compiled as compiled_passes
 from dprun.engines import light_units, sorted_bounding
 from dprun.engines.polars_steps import SELECTION_WEIGHTS
 
@@ -56,7 +57,7 @@ def reference(pair_codes: np.ndarray, key_bits: int, max_partitions: int, weight
 def test_the_loop_compiled_as_python_and_numpys_passes_agree_with_a_reference(weighted: bool) -> None:
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    compiled = light_units.compiled_loop().result()
+    compiled = compiled_passes.compiled_passes().result().add_light_units
     for case in range(40):
         max_partitions, key_bits = int(rng.integers(1, 6)), int(rng.integers(3, 12))
         pair_codes = random_pairs(rng, max_partitions, key_bits)
@@ -88,7 +89,7 @@ def test_light_sums_stay_exact_past_int64(compiled: bool) -> None:
     quantity whose single shard could pass it (added exactly apart), with heavy units among them."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    loop = light_units.compiled_loop().result() if compiled else None
+    loop = compiled_passes.compiled_passes().result().add_light_units if compiled else None
     key_bits, max_partitions = 2, 2
     totals = sorted_bounding._Totals.zeros(1 << key_bits, ["big", "huge"])
     expected: list[list[int]] = [[0] * 4, [0] * 4]

@@ -23,7 +23,7 @@ from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
 from dprun.engines import codes as codes_module
-from dprun.engines import light_units, shards, sorted_bounding
+from dprun.engines import compiled, shards, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
@@ -43,8 +43,8 @@ def small_shards(patch: pytest.MonkeyPatch) -> None:
 
 
 def compiled_loop(patch: pytest.MonkeyPatch) -> None:
-    """Light units bounded by the compiled loop (large inputs) instead of numpy's passes."""
-    patch.setattr(light_units, "COMPILED_FROM_ROWS", 0)
+    """Light units and value sums by the compiled passes (large inputs) instead of numpy's and Polars'."""
+    patch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
 
 
 def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:

@@ -1,0 +1,96 @@
+"""The compiled passes of the sorted path, loaded by numba for large inputs.
+
+Two loops written by hand where numpy needs a dozen passes over a shard (each module says
+why): the light units' totals (`light_units.add_light_units`) and a value column's units
+summed per pair (`pair_units`). numba compiles them (a wheel from the package registry, no
+compiler on the user's machine) for one explicit signature each and caches the machine code
+on disk, so a machine compiles them once; compiled, they release the GIL and each worker
+thread bounds its own shard. Loading them still costs 0.4 s of one core (numba's import,
+then its code generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a
+thread while the shards are read; smaller ones take numpy's and Polars' passes.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dprun.engines import light_units, pair_units
+
+# Rows of a query's input from which its shards are bounded by the compiled passes: there the
+# light units' loop alone saves ~40 ns per pair, several times the 0.4 s their loading costs.
+COMPILED_FROM_ROWS = 2**23
+# The one signature the light units' loop is compiled for: all arrays C-contiguous.
+LIGHT_UNITS = "int64(int64[::1], int64, int64, int64[::1], int64[:, ::1], int64[::1], int64[:, ::1], int64[::1])"
+
+LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
+Present = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `pair_units.pair_present`."""
+
+    add_light_units: LightUnits
+    pair_unit_sums: UnitSums
+    pair_present: Present
+
+
+_starting = threading.Lock()
+
+
+def compiled_passes() -> Future[Passes]:
+    """The compiled passes, loaded (or compiled) in a thread started by the first call in the
+    process. Compiled code checks no index and wraps on overflow: the callers make sure
+    neither can happen."""
+    with _starting:
+        return _loading()
+
+
+@functools.cache
+def _loading() -> Future[Passes]:
+    future: Future[Passes] = Future()
+    # Not a daemon: a run that fails before its workers wait for the passes (a bad row read)
+    # exits once the thread is done, never while it is inside LLVM's code generator.
+    threading.Thread(target=_compile, args=(future,), name="dprun-compile").start()
+    return future
+
+
+def _compile(future: Future[Passes]) -> None:
+    try:
+        import numba  # here: only inputs of COMPILED_FROM_ROWS rows pay its import
+
+        def compiled(signatures: list[Any], function: Callable[..., object]) -> Callable[..., object]:
+            try:
+                return numba.njit(signatures, nogil=True, cache=True)(function)
+            except RuntimeError:
+                # No writable folder for numba's cache (a read-only installation and home): compile for this run.
+                return numba.njit(signatures, nogil=True)(function)
+
+        unit_sums, present = _value_signatures()
+        future.set_result(Passes(compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
+                                 compiled(unit_sums, pair_units.pair_unit_sums),  # type: ignore[arg-type]
+                                 compiled(present, pair_units.pair_present)))  # type: ignore[arg-type]
+    except Exception as error:  # raised again in the worker that waits for the passes
+        future.set_exception(error)
+
+
+
+def _value_signatures() -> tuple[list[Any], list[Any]]:
+    """The value passes' signatures: all arrays C-contiguous, the value column writable or
+    read-only (numpy views Polars' memory without a copy where it can), which numba's
+    signature strings cannot say."""
+    from numba import types
+
+    index = types.Array(types.int64, 1, "C")
+    columns = [types.Array(types.float64, 1, "C", readonly=readonly) for readonly in (False, True)]
+    unit_sums = [index(values, index, index, *[types.float64] * 6, types.boolean) for values in columns]
+    present = [index(values, index, index) for values in columns]
+    return unit_sums, present
