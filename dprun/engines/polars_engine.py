@@ -32,6 +32,7 @@ from the plan and calls `dprun.mechanisms` to draw noise and select partitions.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -99,7 +100,8 @@ def _input_slices(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_
     input row alone: a Parquet input without partition folders, no join, no cut per unit."""
     if info.format != "parquet" or info.partitions or plan.joins or plan.truncation:
         return None
-    return InputSlices(info.paths, lambda offset, length: _rows(plan, info, keys, truncation_seed, (offset, length)))
+    return InputSlices(info.paths, lambda paths, offset, length: _rows(plan, replace(info, paths=paths), keys,
+                                                                      truncation_seed, (offset, length)))
 
 
 def _fan_out(plan: QueryPlan) -> int:

@@ -101,11 +101,11 @@ class Shard:
 @dataclass(frozen=True)
 class InputSlices:
     """A query whose every row comes from one row of its Parquet `paths` on its own (it joins
-    nothing and cuts no unit's rows), so that `rows_of(offset, length)` is the query's rows
-    from that slice of the input's rows."""
+    nothing and cuts no unit's rows), so that `rows_of(files, offset, length)` is the query's
+    rows from that slice of the rows of some of its files, in order."""
 
     paths: tuple[Path, ...]
-    rows_of: Callable[[int, int], pl.LazyFrame]
+    rows_of: Callable[[tuple[Path, ...], int, int], pl.LazyFrame]
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,11 @@ def shard_count(rows: int) -> int:
 
 @dataclass(frozen=True)
 class _Span:
-    """Consecutive rows of the input, `offset` to `offset + rows`, whose units the footers put in `low` .. `high`."""
+    """Consecutive rows of the input, from row `offset` of file `first` on, `rows` of them up to
+    file `last` (the input's files by index), whose units the footers put in `low` .. `high`."""
 
+    first: int
+    last: int
     offset: int
     rows: int
     low: int
@@ -246,9 +249,9 @@ def _row_groups_in_unit_order(paths: tuple[Path, ...], column: str) -> list[_Spa
     """Each non-empty row group of the files, in order, with its range of `column`, where
     every footer has an integer range for it and each group's range ends at or before the next begins."""
     groups: list[_Span] = []
-    offset = 0
     try:
-        for path in paths:
+        for file, path in enumerate(paths):
+            offset = 0
             metadata = pq.ParquetFile(path).metadata
             names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
             if column not in names:
@@ -259,7 +262,9 @@ def _row_groups_in_unit_order(paths: tuple[Path, ...], column: str) -> list[_Spa
                                        or stats.physical_type not in ("INT32", "INT64")):
                     return None
                 if group.num_rows:
-                    groups.append(_Span(offset, group.num_rows, int(stats.min), int(stats.max)))
+                    if not (isinstance(stats.min, int) and isinstance(stats.max, int)):
+                        return None  # a date or decimal column the spec reads as integers
+                    groups.append(_Span(file, file, offset, group.num_rows, stats.min, stats.max))
                 offset += group.num_rows
     except (OSError, pa.ArrowException):
         return None  # the hash path reads the files and names the problem
@@ -276,7 +281,7 @@ def _spans(groups: list[_Span]) -> list[_Span]:
     for group in groups[1:]:
         last = spans[-1]
         if last.rows + group.rows <= target:
-            spans[-1] = _Span(last.offset, last.rows + group.rows, last.low, group.high)
+            spans[-1] = _Span(last.first, group.last, last.offset, last.rows + group.rows, last.low, group.high)
         else:
             spans.append(group)
     return spans
@@ -290,7 +295,9 @@ def _load_span(slices: InputSlices, codes: Codes, extra: Sequence[str | pl.Expr]
     assert isinstance(codes.units, RangeCodes)
     digit = codes.units.digits[0]
     local = RangeCodes((replace(digit, minimum=span.low, span=span.high - span.low + 1),))
-    frame = codes.keys.attach(slices.rows_of(span.offset, span.rows)).select(codes.packed(local.code()), *extra)
+    # Only the span's own files: Polars reads the footers of every file before a slice's first row.
+    rows = slices.rows_of(slices.paths[span.first:span.last + 1], span.offset, span.rows)
+    frame = codes.keys.attach(rows).select(codes.packed(local.code()), *extra)
     if split_units is None:
         return collect(frame)
     taken: pl.DataFrame | None = None

@@ -9,6 +9,8 @@ and compares the outputs exactly. Seeds come from os.urandom and are part of eve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +28,17 @@ from dprun.engines.codes import Codes, Digit, RangeCodes
 
 
 class Spans:
-    """Counts the row groups read as shards, and the units split between two of them."""
+    """Counts the row groups read as shards, those that span two files, and the units split between two shards."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loaded = 0
+        self.across_files = 0
         self.split = 0
         original_load, original_add = shards._load_span, shards._SplitUnits.add
 
         def load(*args: Any) -> pl.DataFrame:
             self.loaded += 1
+            self.across_files += args[3].first != args[3].last
             return original_load(*args)
 
         def add(units: shards._SplitUnits, part: pl.DataFrame | None) -> None:
@@ -82,14 +86,19 @@ def releases_both_ways(spec: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -
 
 def test_row_groups_in_unit_order_release_the_same_tables_as_hashed_shards(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small row groups (units cut between them) in three files, many small shards, one unit over
-    several shards, a filter that empties some shards, quantiles and auto bounds."""
+    """Small row groups (units cut between them) in three files, many small shards (one across
+    two files), one unit over several shards, a filter that empties some shards, quantiles and
+    auto bounds."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     rows = ordered_rows(rng, 1500)
     (tmp_path / "data").mkdir()
-    for index, part in enumerate(np.array_split(np.arange(rows.height), 3)):
-        rows[part].write_parquet(tmp_path / "data" / f"part-{index}.parquet", row_group_size=97)
+    # 40 row groups of 97 rows and one of 50 a file: shards of 4 groups, then the 50 rows with
+    # the next file's first three groups.
+    ends = [0, 40 * 97 + 50, 2 * (40 * 97 + 50), rows.height]
+    assert rows.height > ends[2], f"seed={seed}: too few rows for three files"
+    for index, (start, end) in enumerate(pairwise(ends)):
+        rows[start:end].write_parquet(tmp_path / "data" / f"part-{index}.parquet", row_group_size=97)
     monkeypatch.setattr(shards, "SHARD_ROWS", 400)
     monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 100)
     spec = write_spec(tmp_path, QUERIES, epsilon=20.0, delta=1e-6, data="data/*.parquet")
@@ -100,6 +109,7 @@ def test_row_groups_in_unit_order_release_the_same_tables_as_hashed_shards(
     # Four queries (auto bounds read the rows twice), each over rows.height / 400 shards or more.
     assert spans.loaded >= 5 * rows.height // 400, f"seed={seed}: {spans.loaded} row groups read as shards"
     assert spans.split >= 5 * 1000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
+    assert spans.across_files >= 5 * 2, f"seed={seed}: no shard read two files ({spans.across_files})"
 
 
 def test_a_shuffled_file_or_one_without_statistics_is_sharded_by_hash(tmp_path: Path,
@@ -139,7 +149,7 @@ def test_a_unit_outside_its_row_groups_range_fails_the_run(tmp_path: Path, monke
         found = original(*args)
         assert found is not None
         # Each group's range says one unit less at its top than its rows hold.
-        return [shards._Span(group.offset, group.rows, group.low, group.high - 1) for group in found]
+        return [replace(group, high=group.high - 1) for group in found]
 
     monkeypatch.setattr(shards, "_row_groups_in_unit_order", lying)
     spec = write_spec(tmp_path, QUERIES[:1], epsilon=20.0, delta=1e-6)
@@ -153,13 +163,17 @@ def test_row_groups_group_into_shards_of_at_most_shard_rows(monkeypatch: pytest.
     """Consecutive groups up to SHARD_ROWS rows a shard (fewer where the workers would go
     without one); a unit is split where one shard ends with it and the next begins with it."""
     monkeypatch.setattr(shards, "WORKERS", 2)
-    groups = [shards._Span(i * 2**20, 2**20, 10 * i, 10 * i + 10) for i in range(5)]
-    assert [(s.offset, s.rows, s.low, s.high) for s in shards._spans(groups)] == [
-        (0, 2**21, 0, 20), (2**21, 2**21, 20, 40), (2**22, 2**20, 40, 50)]
+    # Five row groups of 2^20 rows, two in each of the first two files, one in the third.
+    groups = [shards._Span(i // 2, i // 2, i % 2 * 2**20, 2**20, 10 * i, 10 * i + 10) for i in range(5)]
+    assert [(s.first, s.last, s.offset, s.rows, s.low, s.high) for s in shards._spans(groups)] == [
+        (0, 0, 0, 2**21, 0, 20), (1, 1, 0, 2**21, 20, 40), (2, 2, 0, 2**20, 40, 50)]
+    across = groups[1:]  # the second group of file 0 starts at 2^20: it pairs with file 1's first
+    assert [(s.first, s.last, s.offset, s.rows) for s in shards._spans(across)] == [
+        (0, 1, 2**20, 2**21), (1, 2, 2**20, 2**21)]
     monkeypatch.setattr(shards, "WORKERS", 16)
     assert len(shards._spans(groups)) == 5
-    too_large = [shards._Span(0, shards.MAX_GROUP_ROWS + 1, 0, 9)]
-    slices = shards.InputSlices((), lambda offset, length: pl.LazyFrame())
+    too_large = [shards._Span(0, 0, 0, shards.MAX_GROUP_ROWS + 1, 0, 9)]
+    slices = shards.InputSlices((), lambda paths, offset, length: pl.LazyFrame())
     monkeypatch.setattr(shards, "_row_groups_in_unit_order", lambda *args: too_large)
     codes = Codes(RangeCodes((Digit("uid", 0, 10, pl.Int64(), nulls=False),)),
                          RangeCodes((Digit("key", 0, 10, pl.Int64(), nulls=True),)), ("key",),
