@@ -303,8 +303,11 @@ def _load_span(slices: InputSlices, codes: Codes, extra: Sequence[str | pl.Expr]
     taken: pl.DataFrame | None = None
     try:
         loaded = collect(frame)
-        unit = pl.col(PACKED) // (1 << codes.key_bits)
         first, last = split
+        if not (first or last):
+            taken = loaded.clear()
+            return loaded
+        unit = pl.col(PACKED) // (1 << codes.key_bits)
         is_split = (pl.lit(first) & (unit == 0) | pl.lit(last) & (unit == span.high - span.low)).fill_null(False)
         mask = loaded.select(is_split).to_series()
         taken = loaded.filter(mask).with_columns(pl.col(PACKED) + (span.low - digit.minimum) * (1 << codes.key_bits))
