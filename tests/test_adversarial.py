@@ -56,7 +56,7 @@ from planted_secrets import (
 )
 
 from dprun import publish
-from dprun.engines import polars_engine, polars_steps, sorted_bounding
+from dprun.engines import polars_engine, polars_steps, shards
 
 # --- data and specs -------------------------------------------------------------------------
 
@@ -308,7 +308,8 @@ def disk_full(what: str) -> Builder:
                                      "v": rng.uniform(0, 50, 600)})
             integers.write_parquet(folder / "data.parquet")
             path = write_spec(folder, spec_document(query={"output": {"path": output}, "partitions": {"public": [0, 1]}}))
-            mp.setattr(sorted_bounding, "SHARD_ROWS", 64)
+            # A row group of over 4 shards' rows: sharded by hash, through the partitioned sink.
+            mp.setattr(shards, "SHARD_ROWS", 64)
             mp.setattr(pl.LazyFrame, "sink_ipc", partial_then_fail(OSError(full)))
             scratch_disk_full(mp)
         return Case(path, (6,), r"No space left on device")

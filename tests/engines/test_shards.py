@@ -172,7 +172,7 @@ def test_row_groups_group_into_shards_of_at_most_shard_rows(monkeypatch: pytest.
         (0, 1, 2**20, 2**21), (1, 2, 2**20, 2**21)]
     monkeypatch.setattr(shards, "WORKERS", 16)
     assert len(shards._spans(groups)) == 5
-    too_large = [shards._Span(0, 0, 0, shards.MAX_GROUP_ROWS + 1, 0, 9)]
+    too_large = [shards._Span(0, 0, 0, shards.MAX_GROUP_SHARDS * shards.SHARD_ROWS + 1, 0, 9)]
     slices = shards.InputSlices((), lambda paths, offset, length: pl.LazyFrame())
     monkeypatch.setattr(shards, "_row_groups_in_unit_order", lambda *args: too_large)
     codes = Codes(RangeCodes((Digit("uid", 0, 10, pl.Int64(), nulls=False),)),
