@@ -308,7 +308,7 @@ def disk_full(what: str) -> Builder:
                                      "v": rng.uniform(0, 50, 600)})
             integers.write_parquet(folder / "data.parquet")
             path = write_spec(folder, spec_document(query={"output": {"path": output}, "partitions": {"public": [0, 1]}}))
-            # A row group of over 4 shards' rows: sharded by hash, through the partitioned sink.
+            # One row group, where the hash gives several shards: through the partitioned sink.
             mp.setattr(shards, "SHARD_ROWS", 64)
             mp.setattr(pl.LazyFrame, "sink_ipc", partial_then_fail(OSError(full)))
             scratch_disk_full(mp)

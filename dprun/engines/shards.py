@@ -46,9 +46,6 @@ SHARD_ROWS = 2**21
 WORKERS = max(2, pl.thread_pool_size())
 # Rows of a shard at the least where the rows are split anyway, so that each worker gets one (`shard_count`).
 MIN_SHARD_ROWS = 2**18
-# The largest row group read as a shard of its own, in shards' rows (`unit_ordered_shards`);
-# larger ones (a writer's 128 MB row groups of a few narrow columns) go to shards by hash.
-MAX_GROUP_SHARDS = 4
 
 
 def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
@@ -231,10 +228,11 @@ def unit_ordered_shards(slices: InputSlices, codes: Codes, extra: Sequence[str |
     groups = _row_groups_in_unit_order(slices.paths, digit.column)
     if groups is None:
         return None
-    if any(group.rows > MAX_GROUP_SHARDS * SHARD_ROWS for group in groups):
-        return None
     spans = _spans(groups)
-    if any((span.high - span.low).bit_length() + codes.key_bits > PACKED_BITS for span in spans):
+    # Row groups too large for as many shards as the hash gives (a writer's 128 MB row groups
+    # of a few narrow columns, one row group in all) would leave workers idle and fill memory.
+    if len(spans) < shard_count(sum(span.rows for span in spans)) or any(
+            (span.high - span.low).bit_length() + codes.key_bits > PACKED_BITS for span in spans):
         return None
     splits = [left.high == right.low for left, right in pairwise(spans)]
     split_units = _SplitUnits(len(spans)) if any(splits) else None

@@ -172,13 +172,19 @@ def test_row_groups_group_into_shards_of_at_most_shard_rows(monkeypatch: pytest.
         (0, 1, 2**20, 2**21), (1, 2, 2**20, 2**21)]
     monkeypatch.setattr(shards, "WORKERS", 16)
     assert len(shards._spans(groups)) == 5
-    too_large = [shards._Span(0, 0, 0, shards.MAX_GROUP_SHARDS * shards.SHARD_ROWS + 1, 0, 9)]
+    # Fewer shards than the hash would give (three row groups of 3 shards' rows each): by hash.
+    too_large = [shards._Span(0, 0, i * 3 * 2**21, 3 * 2**21, 10 * i, 10 * i + 9) for i in range(3)]
     slices = shards.InputSlices((), lambda paths, offset, length: pl.LazyFrame())
+    codes = Codes(RangeCodes((Digit("uid", 0, 30, pl.Int64(), nulls=False),)),
+                  RangeCodes((Digit("key", 0, 10, pl.Int64(), nulls=True),)), ("key",), 9 * 2**21)
     monkeypatch.setattr(shards, "_row_groups_in_unit_order", lambda *args: too_large)
-    codes = Codes(RangeCodes((Digit("uid", 0, 10, pl.Int64(), nulls=False),)),
-                         RangeCodes((Digit("key", 0, 10, pl.Int64(), nulls=True),)), ("key",),
-                         too_large[0].rows)
     assert shards.unit_ordered_shards(slices, codes, []) is None
+    # The five groups of 2^20 rows: three shards on two cores, as the hash; five on sixteen, not sixteen.
+    monkeypatch.setattr(shards, "_row_groups_in_unit_order", lambda *args: groups)
+    assert shards.unit_ordered_shards(slices, codes, []) is None
+    monkeypatch.setattr(shards, "WORKERS", 2)
+    found = shards.unit_ordered_shards(slices, codes, [])
+    assert found is not None and len(found) == 3 + 1  # the last: units split between shards
 
 
 def test_pyarrow_statistics_of_unsigned_units_are_their_values(tmp_path: Path) -> None:
