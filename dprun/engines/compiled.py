@@ -31,16 +31,14 @@ LIGHT_UNITS = "int64(int64[::1], int64, int64, int64[::1], int64[:, ::1], int64[
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
-Present = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `pair_units.pair_present`."""
+    """The compiled `light_units.add_light_units` and `pair_units.pair_unit_sums`."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
-    pair_present: Present
 
 
 _starting = threading.Lock()
@@ -74,23 +72,19 @@ def _compile(future: Future[Passes]) -> None:
                 # No writable folder for numba's cache (a read-only installation and home): compile for this run.
                 return numba.njit(signatures, nogil=True)(function)
 
-        unit_sums, present = _value_signatures()
         future.set_result(Passes(compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
-                                 compiled(unit_sums, pair_units.pair_unit_sums),  # type: ignore[arg-type]
-                                 compiled(present, pair_units.pair_present)))  # type: ignore[arg-type]
+                                 compiled(_unit_sums_signatures(), pair_units.pair_unit_sums)))  # type: ignore[arg-type]
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 
 
 
-def _value_signatures() -> tuple[list[Any], list[Any]]:
-    """The value passes' signatures: all arrays C-contiguous, the value column writable or
+def _unit_sums_signatures() -> list[Any]:
+    """The value pass's signatures: all arrays C-contiguous, the value column writable or
     read-only (numpy views Polars' memory without a copy where it can), which numba's
     signature strings cannot say."""
     from numba import types
 
     index = types.Array(types.int64, 1, "C")
     columns = [types.Array(types.float64, 1, "C", readonly=readonly) for readonly in (False, True)]
-    unit_sums = [index(values, index, index, *[types.float64] * 6, types.boolean) for values in columns]
-    present = [index(values, index, index) for values in columns]
-    return unit_sums, present
+    return [index(values, index, index, *[types.float64] * 6, types.boolean) for values in columns]

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# `pair_unit_sums`' arguments after the rows that count a pair's rows with a value: each is
+# clamped to [1, 1], left uncentred, scaled by 1, so it adds one unit; a missing one adds nothing.
+ONE_PER_VALUE = (1.0, 1.0, 0.0, 1.0, 1.0, 1.0, False)
+
 
 def pair_unit_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray, lower: float, upper: float,
                    center: float, scale: float, low: float, high: float, squared: bool) -> np.ndarray:
@@ -38,16 +42,3 @@ def pair_unit_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray, lo
         sums[pair] = total
     return sums
 
-
-def pair_present(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Per pair, how many of its rows have a value (not NaN), in the same layout."""
-    present = np.zeros(starts.size, np.int64)
-    for pair in range(starts.size):
-        stop = starts[pair + 1] if pair + 1 < starts.size else order.size
-        count = 0
-        for row in range(starts[pair], stop):
-            value = values[order[row]]
-            if value == value:
-                count += 1
-        present[pair] = count
-    return present

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dprun.engines import compiled, release_steps, sorted_quantiles
+from dprun.engines import compiled, pair_units, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
 from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
@@ -304,7 +304,7 @@ class SortedBounding:
         columns = {c: np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns}
         for column, values in columns.items():
             if shard[column].null_count():
-                pairs[_present(column)] = passes.pair_present(values, order, starts)
+                pairs[_present(column)] = passes.pair_unit_sums(values, order, starts, *pair_units.ONE_PER_VALUE)
         for quantity in self.quantities:
             if quantity.aggregate != "rows":
                 assert quantity.column is not None

@@ -63,5 +63,6 @@ def test_unit_sums_equal_polars_units_summed_by_numpy(aggregate: str) -> None:
         assert passes.pair_unit_sums(*arguments).tolist() == expected, f"{where}: compiled"
         assert pair_units.pair_unit_sums(*arguments).tolist() == expected, f"{where}: Python"
         present = np.add.reduceat((~np.isnan(values[order])).astype(np.int64), starts).tolist()
-        assert passes.pair_present(values, order, starts).tolist() == present, f"{where}: compiled present"
-        assert pair_units.pair_present(values, order, starts).tolist() == present, f"{where}: Python present"
+        counted = (values, order, starts, *pair_units.ONE_PER_VALUE)
+        assert passes.pair_unit_sums(*counted).tolist() == present, f"{where}: compiled present"
+        assert pair_units.pair_unit_sums(*counted).tolist() == present, f"{where}: Python present"
