@@ -3,7 +3,7 @@
 Two loops written by hand where numpy needs a dozen passes over a shard (each module says
 why): the light units' totals (`light_units.add_light_units`) and a value column's units
 summed per pair (`pair_units`). numba compiles them (a wheel from the package registry, no
-compiler on the user's machine) for one explicit signature each and caches the machine code
+compiler on the user's machine) for explicit signatures and caches the machine code
 on disk, so a machine compiles them once; compiled, they release the GIL and each worker
 thread bounds its own shard. Loading them still costs 0.4 s of one core (numba's import,
 then its code generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a
@@ -76,7 +76,6 @@ def _compile(future: Future[Passes]) -> None:
                                  compiled(_unit_sums_signatures(), pair_units.pair_unit_sums)))  # type: ignore[arg-type]
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
-
 
 
 def _unit_sums_signatures() -> list[Any]:
