@@ -131,9 +131,12 @@ def coordinates(tmp_path: Path, seed: int, metric: Metrics, *, l0: int, m: int, 
 
 
 def check_audit(name: str, coords: list[Coordinate], epsilon: float, delta: float, seed: int, n: int,
-                source: RandomSource, raw: list[Coordinate] | None = None, broken_n: int | None = None) -> None:
-    """The correct mechanism and the one with halved noise are sampled n times; the one without
-    contribution bounding moves far more, so broken_n draws (n unless given) are enough to catch it."""
+                source: RandomSource, raw: list[Coordinate] | None = None, halved_n: int | None = None,
+                broken_n: int | None = None) -> None:
+    """The correct mechanism is sampled n times; the broken ones move the releases more, so fewer
+    draws are enough to catch them: halved_n for halved noise, broken_n for no contribution
+    bounding (n unless given)."""
+    halved_n = n if halved_n is None else halved_n
     broken_n = n if broken_n is None else broken_n
     estimate = audit(coords, n, source, delta)
     print(f"seed={seed} {name}: claimed ε={epsilon:.4f} δ={delta:.3g}; correct: {estimate}")
@@ -146,10 +149,10 @@ def check_audit(name: str, coords: list[Coordinate], epsilon: float, delta: floa
     noisier = [c.with_noise(halved(c.noise)) for c in coords]
     if all(c.noise.kind == "gaussian" for c in coords):
         # The design can tell σ/2 apart: the expected estimate clears the claim by 6 standard errors.
-        expected, error = dp_audit.gaussian_audit_power(coords, 0.5, delta, n)
+        expected, error = dp_audit.gaussian_audit_power(coords, 0.5, delta, halved_n)
         assert expected - epsilon > 6 * error, (name, expected, error, epsilon)
-        assert dp_audit.gaussian_audit_power(coords, 1.0, delta, n)[0] <= epsilon
-    estimate = audit(noisier, n, source, delta, claim_noise=[c.noise for c in coords])
+        assert dp_audit.gaussian_audit_power(coords, 1.0, delta, halved_n)[0] <= epsilon
+    estimate = audit(noisier, halved_n, source, delta, claim_noise=[c.noise for c in coords])
     print(f"seed={seed} {name}: broken (noise halved): {estimate}")
     assert estimate.epsilon > epsilon, f"seed={seed}: {name}: halved noise went unnoticed: {estimate} <= {epsilon}"
 
@@ -239,6 +242,8 @@ def test_two_metrics_under_tight_accounting_stay_within_the_query_total(tmp_path
 
 # The quick cases' claims are checked at N draws above; five times as many would add minutes of CI
 # and no case the quick ones miss, so the longer runs take the metrics and bounds those do not.
+# Only the correct mechanism gets the five million draws: halved noise is caught at 2N (the
+# mean's count at N falls short of six standard errors), no contribution bounding at N.
 SLOW_CASES = {
     "sum_gaussian_l0_3": ({"name": "s", "kind": "sum", "column": "v", "bounds": [LOWER, UPPER],
                            "noise": "gaussian"}, 3, 2, 1000, 1000, 10),
@@ -263,4 +268,4 @@ def test_every_quantity_stays_within_its_claim_with_five_million_draws(tmp_path:
     for noisy in plan.quantities:
         qid = noisy.quantity.id
         check_audit(f"{case} [{qid}]", correct[qid], noisy.noise.epsilon, noisy.noise.delta, seed,
-                    5 * N, source, raw=broken[qid], broken_n=N)
+                    5 * N, source, raw=broken[qid], halved_n=2 * N, broken_n=N)
