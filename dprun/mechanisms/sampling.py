@@ -4,7 +4,9 @@ All randomness comes from the operating system's CSPRNG (``os.urandom``) through
 `RandomSource.system()`. The only other source is `RandomSource.from_seed`, a
 deterministic stream for tests, marked ``is_test_seed = True`` so callers
 can tell a reproducible test run from a release. Samplers are vectorised over
-numpy arrays.
+numpy arrays; a large draw is made in blocks on threads, each block from its own
+independent source (`RandomSource.split`: fresh system sources, or child streams
+of a test seed).
 
 Exactness: the discrete Laplace is sampled exactly, in integer arithmetic
 ([CKS20] Algorithms 1 and 2: a uniform integer below a bound, Bernoulli(exp(-γ))
@@ -58,7 +60,15 @@ GAUSSIAN_SAMPLER_EPSILON = 2.0**-38
 # process may use, each reading at least half of it (`read_parts`).
 PARALLEL_READ_BYTES = 1 << 20
 
+# Draws of one call beyond this are made in blocks of this many, each from its own source
+# (`RandomSource.split`), on threads (`_in_blocks`). numpy releases the GIL for most of a
+# block's work: 10^6 Gaussian draws take 0.29 s in blocks on one core, 0.19 s on two, 0.32 s
+# as one block. The blocks do not depend on the cores, so a test seed draws the same numbers
+# on every machine.
+DRAWS_PER_BLOCK = 1 << 18
+
 _SEED_DOMAIN = b"dprun.mechanisms.sampling.test-seed.v1\x00"
+_CHILD_DOMAIN = b"dprun.mechanisms.sampling.test-seed.child.v1\x00"
 _SEED_BLOCK_BYTES = 1 << 16
 
 
@@ -69,12 +79,26 @@ class _SeededStream:
     10 then 20 bytes gives the same 30 bytes as one read of 30.
     """
 
-    def __init__(self, seed: int) -> None:
-        # Minimal two's-complement bytes are injective over all ints, and the
-        # block counter has a fixed width, so distinct seeds never share input.
-        self._key = _SEED_DOMAIN + seed.to_bytes(seed.bit_length() // 8 + 1, "big", signed=True)
+    def __init__(self, key: bytes) -> None:
+        self._key = key
         self._next_block = 0
         self._buffer = bytearray()
+        self._children = 0
+
+    @classmethod
+    def of_seed(cls, seed: int) -> _SeededStream:
+        # Minimal two's-complement bytes are injective over all ints, and the
+        # block counter has a fixed width, so distinct seeds never share input.
+        return cls(_SEED_DOMAIN + seed.to_bytes(seed.bit_length() // 8 + 1, "big", signed=True))
+
+    def children(self, count: int) -> list[_SeededStream]:
+        """`count` streams, each keyed by a hash of this one's key and the child's number (counted
+        over the stream's life, so no two children share a key); their keys begin with their own
+        domain, so no child's input is a parent's."""
+        first = self._children
+        self._children += count
+        return [_SeededStream(_CHILD_DOMAIN + hashlib.sha256(self._key + index.to_bytes(8, "big")).digest())
+                for index in range(first, first + count)]
 
     def read(self, n: int) -> bytes:
         while len(self._buffer) < n:
@@ -123,19 +147,22 @@ class RandomSource:
     else, so the source alone decides whether a run is reproducible.
     """
 
-    __slots__ = ("_read", "is_test_seed")
+    __slots__ = ("_read", "_split", "is_test_seed")
 
     is_test_seed: bool
 
-    def __init__(self, read_bytes: Callable[[int], bytes], *, is_test_seed: bool) -> None:
-        """Wrap `read_bytes(n)`, which must return n uniform random bytes."""
+    def __init__(self, read_bytes: Callable[[int], bytes], *, is_test_seed: bool,
+                 split: Callable[[int], list[RandomSource]] | None = None) -> None:
+        """Wrap `read_bytes(n)`, which must return n uniform random bytes; `split(k)`, where
+        given, k sources independent of each other and of this one (`split`)."""
         self._read = read_bytes
+        self._split = split
         self.is_test_seed = is_test_seed
 
     @classmethod
     def system(cls) -> RandomSource:
         """The operating system's CSPRNG (os.urandom); the only source fit for a release."""
-        return cls(_system_bytes, is_test_seed=False)
+        return cls(_system_bytes, is_test_seed=False, split=lambda count: [cls.system() for _ in range(count)])
 
     @classmethod
     def from_seed(cls, seed: int) -> RandomSource:
@@ -146,7 +173,17 @@ class RandomSource:
         """
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, not {type(seed).__name__}")
-        return cls(_SeededStream(seed).read, is_test_seed=True)
+        return cls._of_stream(_SeededStream.of_seed(seed))
+
+    @classmethod
+    def _of_stream(cls, stream: _SeededStream) -> RandomSource:
+        return cls(stream.read, is_test_seed=True,
+                   split=lambda count: [cls._of_stream(child) for child in stream.children(count)])
+
+    def split(self, count: int) -> list[RandomSource] | None:
+        """`count` sources whose bits are independent of each other's and of this one's, to be
+        read on other threads; None for a source that cannot split (it is read in order)."""
+        return None if self._split is None else self._split(count)
 
     def random_bytes(self, n: int) -> bytes:
         """n uniform random bytes."""
@@ -169,7 +206,8 @@ def discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
     Sampled exactly ([CKS20] Algorithm 2, `_discrete_laplace`); the variance is
     2e^{-1/t} / (1 - e^{-1/t})**2. Requires 0 < t <= MAX_SCALE.
     """
-    return _discrete_laplace(source, _check_scale("t", t), _check_count(n))
+    t = _check_scale("t", t)
+    return _in_blocks(source, _check_count(n), lambda part, size: _discrete_laplace(part, t, size))
 
 
 def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
@@ -184,7 +222,10 @@ def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
     number of rounds grows like log(n). Requires 0 < σ <= MAX_SCALE.
     """
     sigma = _check_scale("sigma", sigma)
-    n = _check_count(n)
+    return _in_blocks(source, _check_count(n), lambda part, size: _discrete_gaussian(part, sigma, size))
+
+
+def _discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
     t = math.floor(sigma) + 1
     out = np.empty(n, dtype=np.int64)
     pending = np.arange(n)
@@ -241,6 +282,17 @@ def bernoulli_exp_minus(source: RandomSource, whole: np.ndarray, numerator: np.n
     if alive.size:
         flat_result[alive] = _bernoulli_exp_minus(source, flat_numerator[alive].astype(np.uint64), denominator)
     return result
+
+
+def _in_blocks(source: RandomSource, n: int, draw: Callable[[RandomSource, int], np.ndarray]) -> np.ndarray:
+    """n draws of `draw(source, count)`: beyond DRAWS_PER_BLOCK, in blocks of that many, each
+    from its own split of `source`, on one thread per core the process may use."""
+    sizes = [min(DRAWS_PER_BLOCK, n - start) for start in range(0, n, DRAWS_PER_BLOCK)]
+    parts = source.split(len(sizes)) if len(sizes) > 1 else None
+    if parts is None:
+        return draw(source, n)
+    with ThreadPoolExecutor(max_workers=min(len(sizes), _usable_cores())) as pool:
+        return np.concatenate(list(pool.map(draw, parts, sizes)))
 
 
 def _discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:

@@ -312,6 +312,32 @@ def test_seeded_stream_ignores_how_reads_are_split(seed: int, reads: list[int]) 
     assert joined == RandomSource.from_seed(seed).random_bytes(sum(reads))
 
 
+@pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
+def test_blocks_of_a_large_draw_are_independent_and_the_same_on_any_cores(
+        sampler: Callable[..., np.ndarray], seeded: Seeded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw of four blocks and a bit: no two blocks' draws are correlated (children sharing
+    a stream would repeat a block), and a test seed gives the same numbers on 1 and 8 cores."""
+    block = sampling.DRAWS_PER_BLOCK
+    monkeypatch.setattr(sampling, "_usable_cores", lambda: 8)
+    x = sampler(RandomSource.from_seed(seeded.seed), 30.0, 4 * block + 7)
+    monkeypatch.setattr(sampling, "_usable_cores", lambda: 1)
+    assert np.array_equal(x, sampler(RandomSource.from_seed(seeded.seed), 30.0, 4 * block + 7)), seeded.why("cores")
+    blocks = x[:4 * block].reshape(4, block).astype(np.float64)
+    correlation = np.corrcoef(blocks)[np.triu_indices(4, 1)]
+    # Each correlation of independent blocks is about N(0, 1/block): |r| <= Z/sqrt(block) fails w.p. 2e-9.
+    assert np.all(np.abs(correlation) <= Z / math.sqrt(block)), seeded.why(f"block correlations {correlation}")
+
+
+def test_a_source_that_cannot_split_is_read_in_order() -> None:
+    """A source without `split` draws a large sample in one piece, from its own bytes in order."""
+    n = sampling.DRAWS_PER_BLOCK + 3
+    stream = RandomSource.from_seed(11)
+    unsplit = RandomSource(stream.random_bytes, is_test_seed=True)
+    assert unsplit.split(2) is None
+    assert np.array_equal(discrete_laplace(unsplit, 5.0, n),
+                          sampling._discrete_laplace(RandomSource.from_seed(11), 5.0, n))
+
+
 def test_sources_declare_whether_they_are_test_seeds() -> None:
     assert RandomSource.from_seed(0).is_test_seed is True
     assert RandomSource.system().is_test_seed is False
