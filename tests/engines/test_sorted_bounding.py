@@ -251,6 +251,19 @@ def test_exact_bincount_matches_python_integers(scale: int) -> None:
     assert got == expected, f"seed={seed}: per-key sums differ"
 
 
+@pytest.mark.parametrize(("scale", "max_rows"), [(10, 1), (2**40, 3), (2**61, 2), (2**62, 7)])
+def test_scaled_partials_are_floors_of_python_integers(scale: int, max_rows: int) -> None:
+    """floor(total · m / rows) of pairs over m rows, in int64 where the products fit and through
+    Int128 where they may not (the two largest scales), negative totals rounded down."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    present = rng.integers(max_rows + 1, max_rows + 50, 10_000)
+    total = rng.integers(-scale, scale, present.size, dtype=np.int64)
+    expected = [t * max_rows // p for t, p in zip(total.tolist(), present.tolist(), strict=True)]
+    got = sorted_bounding._scaled_partials(total, present, max_rows)
+    assert got.dtype == np.int64 and got.tolist() == expected, f"seed={seed}: scaled partials differ"
+
+
 def test_exact_sums_stay_exact_through_int64_carries_and_merges() -> None:
     """Sums of two keys that pass 2^63 (so int64 must be carried into Int128), values large
     enough to need splitting, pair counts, adds through np.bincount and straight into the sums
