@@ -17,15 +17,16 @@ import numpy as np
 
 
 def add_light_units(pair_codes: np.ndarray, key_bits: int, max_partitions: int, weights: np.ndarray,
-                     partials: np.ndarray, units: np.ndarray, sums: np.ndarray, heavy: np.ndarray) -> int:
-    """Adds every light unit's pairs to `units` and `sums`, writes the indices of the heavy units'
-    pairs into `heavy` (room for every pair) and returns how many there are.
+                    partials: np.ndarray, table: np.ndarray, heavy: np.ndarray) -> int:
+    """Adds every light unit's pairs to `table`, writes the indices of the heavy units' pairs
+    into `heavy` (room for every pair) and returns how many there are.
 
     `pair_codes`: the shard's distinct (unit, key) codes, sorted, unit above `key_bits` bits of
-    key. `partials[q, p]`: quantity q's partial of pair p, added to `sums[key, q]` (a key's sums
-    side by side: one cache line where a pair adds several). With a weighted selection,
-    `weights[n - 1]` is w(n) for n = 1 … L0 (at most) and goes to the column of `sums` after the
-    partials'; else `weights` is empty. Run compiled (`compiled.Passes`); as Python in tests.
+    key. A pair adds one unit to `table[key, 0]` and quantity q's partial `partials[q, p]` to
+    `table[key, q + 1]`: a key's totals side by side, one cache line a pair (the units apart
+    cost c3's loop a fifth more). With a weighted selection, `weights[n - 1]` is w(n) for
+    n = 1 … L0 (at most) and goes to the column after the partials'; else `weights` is empty.
+    Run compiled (`compiled.Passes`); as Python in tests.
     """
     key_mask = (1 << key_bits) - 1
     quantities = partials.shape[0]
@@ -45,10 +46,10 @@ def add_light_units(pair_codes: np.ndarray, key_bits: int, max_partitions: int, 
             weight = weights[stop - start - 1] if weighted else 0
             for pair in range(start, stop):
                 key = pair_codes[pair] & key_mask
-                units[key] += 1
+                table[key, 0] += 1
                 for quantity in range(quantities):
-                    sums[key, quantity] += partials[quantity, pair]
+                    table[key, quantity + 1] += partials[quantity, pair]
                 if weighted:
-                    sums[key, quantities] += weight
+                    table[key, quantities + 1] += weight
         start = stop
     return heavy_pairs

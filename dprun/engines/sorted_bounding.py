@@ -46,8 +46,9 @@ VALUE = "__dprun_value_"  # + the index of a value column the contribution profi
 
 @dataclass
 class _Totals:
-    """Per key code: privacy units, and each quantity's exact sum of partials (`table`'s columns,
-    in the order of `sums`, are their int64 parts)."""
+    """Per key code: privacy units, and each quantity's exact sum of partials. `table` holds
+    them side by side (`light_units`): the units, then each quantity's int64 part in the
+    order of `sums`."""
 
     units: np.ndarray
     table: np.ndarray
@@ -55,9 +56,9 @@ class _Totals:
 
     @classmethod
     def zeros(cls, size: int, quantity_ids: list[str]) -> _Totals:
-        table = np.zeros((size, len(quantity_ids)), np.int64)
-        return cls(np.zeros(size, np.int64), table,
-                   {qid: _ExactSums(table[:, column]) for column, qid in enumerate(quantity_ids)})
+        table = np.zeros((size, 1 + len(quantity_ids)), np.int64)
+        return cls(table[:, 0], table,
+                   {qid: _ExactSums(table[:, column]) for column, qid in enumerate(quantity_ids, start=1)})
 
     def add(self, keys: np.ndarray, partials: dict[str, np.ndarray]) -> None:
         """Add these pairs."""
@@ -92,7 +93,7 @@ class _Totals:
         if weights.size:
             self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * pair_codes.size)
         heavy = np.empty(pair_codes.size, np.int64)
-        heavy = heavy[:loop(pair_codes, key_bits, max_partitions, weights, table_partials, self.units, self.table, heavy)]
+        heavy = heavy[:loop(pair_codes, key_bits, max_partitions, weights, table_partials, self.table, heavy)]
         if wide:
             # Sums that int64 could not hold (huge bounds): added exactly, light pairs only.
             light = np.ones(pair_codes.size, dtype=bool)
