@@ -320,7 +320,8 @@ def _scanned_range(lookup: InputInfo, column: str) -> Stats:
 
 def _parquet_ranges(info: InputInfo, columns: list[str]) -> Stats | None:
     """Row count and each column's (min, max) over every row group of a Parquet input, or None
-    where a footer lacks them (CSV, a row group without statistics)."""
+    where a footer lacks them (CSV, a row group without statistics) or gives them as other than
+    integers (a date or decimal column the spec casts to an integer type)."""
     if info.format != "parquet":
         return None
     found: Stats = {ROWS: 0}
@@ -331,8 +332,9 @@ def _parquet_ranges(info: InputInfo, columns: list[str]) -> Stats | None:
             found[ROWS] += group.num_rows
             for column in columns:
                 stats = group.column(names.index(column)).statistics if column in names else None
-                if stats is None or not stats.has_min_max:
+                if stats is None or not stats.has_min_max or not (
+                        isinstance(stats.min, int) and isinstance(stats.max, int)):
                     return None
                 low, high = found.get(column, (stats.min, stats.max))
-                found[column] = (min(low, int(stats.min)), max(high, int(stats.max)))
+                found[column] = (min(low, stats.min), max(high, stats.max))
     return found if all(column in found for column in columns) else None
