@@ -331,10 +331,17 @@ def _parquet_ranges(info: InputInfo, columns: list[str]) -> Stats | None:
         for group in (metadata.row_group(i) for i in range(metadata.num_row_groups)):
             found[ROWS] += group.num_rows
             for column in columns:
-                stats = group.column(names.index(column)).statistics if column in names else None
-                if stats is None or not stats.has_min_max or not (
-                        isinstance(stats.min, int) and isinstance(stats.max, int)):
+                group_range = footer_range(group.column(names.index(column)).statistics) if column in names else None
+                if group_range is None:
                     return None
-                low, high = found.get(column, (stats.min, stats.max))
-                found[column] = (min(low, stats.min), max(high, stats.max))
+                low, high = found.get(column, group_range)
+                found[column] = (min(low, group_range[0]), max(high, group_range[1]))
     return found if all(column in found for column in columns) else None
+
+
+def footer_range(stats: pq.Statistics | None) -> tuple[int, int] | None:
+    """A row group's (min, max) of a column from its footer statistics, where they are
+    integers: None without them, or for a date or decimal column the spec reads as integers."""
+    if stats is None or not stats.has_min_max or not (isinstance(stats.min, int) and isinstance(stats.max, int)):
+        return None
+    return stats.min, stats.max

@@ -28,7 +28,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprun.engines.codes import KEY, PACKED, PACKED_BITS, UNIT, Codes, Digit, RangeCodes, shard_unit_codes
+from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, Codes, Digit, RangeCodes, footer_range,
+                                  shard_unit_codes)
 from dprun.engines.polars_steps import collect, sink
 
 SHARD = "__dprun_shard__"
@@ -256,13 +257,11 @@ def _row_groups_in_unit_order(paths: tuple[Path, ...], column: str) -> list[_Spa
                 return None
             for group in (metadata.row_group(i) for i in range(metadata.num_row_groups)):
                 stats = group.column(names.index(column)).statistics
-                if group.num_rows and (stats is None or not stats.has_min_max
-                                       or stats.physical_type not in ("INT32", "INT64")):
-                    return None
                 if group.num_rows:
-                    if not (isinstance(stats.min, int) and isinstance(stats.max, int)):
-                        return None  # a date or decimal column the spec reads as integers
-                    groups.append(_Span(file, file, offset, group.num_rows, stats.min, stats.max))
+                    group_range = footer_range(stats)
+                    if group_range is None or stats.physical_type not in ("INT32", "INT64"):
+                        return None
+                    groups.append(_Span(file, file, offset, group.num_rows, *group_range))
                 offset += group.num_rows
     except (OSError, pa.ArrowException):
         return None  # the hash path reads the files and names the problem

@@ -210,9 +210,12 @@ class _ExactSums:
 
 def _reach(values: np.ndarray) -> int:
     """A bound on any sum of these values: the largest |value| times their number."""
-    if values.size == 0:
-        return 0
-    return max(-int(values.min()), int(values.max())) * values.size
+    return _largest_magnitude(values) * values.size
+
+
+def _largest_magnitude(values: np.ndarray) -> int:
+    """max |value| (0 for none), as a Python int: -min(int64) does not fit an int64."""
+    return max(-int(values.min()), int(values.max())) if values.size else 0
 
 
 def _is_sparse(keys: np.ndarray, size: int) -> bool:
@@ -632,7 +635,7 @@ def _check_codes(shard: pl.DataFrame) -> None:
 def _scaled_partials(total: np.ndarray, present: np.ndarray, max_rows: int) -> np.ndarray:
     """`scaled_partial` of pairs with more than max_rows rows: floor(total · max_rows / present),
     in int64 where no product can overflow (Polars' Int128 expression took six times as long)."""
-    if max(-int(total.min()), int(total.max())) * max_rows < 2**63:
+    if _largest_magnitude(total) * max_rows < 2**63:
         return total * max_rows // present
     return pl.select(scaled_partial(pl.lit(pl.Series(total)).cast(pl.Int128), pl.lit(pl.Series(present)),
                                     max_rows)).to_series().cast(pl.Int64).to_numpy()
