@@ -1,8 +1,8 @@
 """The compiled passes of the sorted path, loaded by numba for large inputs.
 
-Two loops written by hand where numpy needs a dozen passes over a shard (each module says
-why): the light units' totals (`light_units.add_light_units`) and a value column's units
-summed per pair (`pair_units`). numba compiles them (a wheel from the package registry, no
+Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
+processors (each module says why): the light units' totals (`light_units.add_light_units`), a
+value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`). numba compiles them (a wheel from the package registry, no
 compiler on the user's machine) for explicit signatures and caches the machine code
 on disk, so a machine compiles them once; compiled, they release the GIL and each worker
 thread bounds its own shard. Loading them still costs 0.4 s of one core (numba's import,
@@ -21,24 +21,27 @@ from typing import Any
 
 import numpy as np
 
-from dprun.engines import light_units, pair_units
+from dprun.engines import light_units, pair_units, radix_sort
 
 # Rows of a query's input from which its shards are bounded by the compiled passes: there the
 # light units' loop alone saves ~40 ns per pair, several times the 0.4 s their loading costs.
 COMPILED_FROM_ROWS = 2**23
 # The one signature the light units' loop is compiled for: all arrays C-contiguous.
 LIGHT_UNITS = "int64(int64[::1], int64, int64, int64[::1], int64[:, ::1], int64[:, ::1], int64[::1])"
+RADIX_SORT = "int64[::1](int64[::1], int64[::1], int64, int64)"
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
+RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units` and `pair_units.pair_unit_sums`."""
+    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `radix_sort.radix_sort`."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
+    radix_sort: RadixSort
 
 
 _starting = threading.Lock()
@@ -73,7 +76,8 @@ def _compile(future: Future[Passes]) -> None:
                 return numba.njit(signatures, nogil=True)(function)
 
         future.set_result(Passes(compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
-                                 compiled(_unit_sums_signatures(), pair_units.pair_unit_sums)))  # type: ignore[arg-type]
+                                 compiled(_unit_sums_signatures(), pair_units.pair_unit_sums),  # type: ignore[arg-type]
+                                 compiled([RADIX_SORT], radix_sort.radix_sort)))  # type: ignore[arg-type]
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 

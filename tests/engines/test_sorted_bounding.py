@@ -423,18 +423,22 @@ def test_unit_mix_spreads_strided_ids_over_every_shard() -> None:
             assert sizes.min() > 0.5 * sizes.mean() and sizes.max() < 1.5 * sizes.mean(), (stride, secret, sizes)
 
 
+@pytest.mark.parametrize("radix", [False, True])
 @pytest.mark.parametrize("largest", [1000, 2**55])
-def test_pair_sums_sort_rows_with_their_values_by_places_or_by_polars(largest: int) -> None:
-    """Short codes are sorted with their row places by numpy, long ones by Polars: either way
-    every pair's rows and sums are a group-by's, in code order, and carried rows follow their codes."""
+def test_pair_sums_sort_rows_with_their_values_by_places_or_by_polars(largest: int, radix: bool) -> None:
+    """Short codes are sorted with their row places by numpy or the compiled radix sort, long
+    ones by Polars: either way every pair's rows and sums are a group-by's, in code order, and
+    carried rows follow their codes."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     n = 5000
     frame = pl.DataFrame({sorted_bounding.PACKED: rng.integers(0, largest, n) // (largest // 400),
                           "a": rng.integers(-50, 50, n), "leaf": np.arange(n)})
     frame = frame.with_columns(pl.col(sorted_bounding.PACKED) * (largest // 400))
-    assert (sorted_bounding._sorted_with_places(frame) is None) == (largest > 2**40), "the path this case means to run"
-    pairs = sorted_bounding._pair_sums(frame, carried=["leaf"])
+    passes = compiled.compiled_passes().result() if radix else None
+    assert (sorted_bounding._sorted_with_places(frame, passes) is None) == (largest > 2**40), \
+        "the path this case means to run"
+    pairs = sorted_bounding._pair_sums(frame, passes, carried=["leaf"])
     truth = frame.group_by(sorted_bounding.PACKED).agg(pl.len().alias("rows"), pl.col("a").sum()).sort(
         sorted_bounding.PACKED)
     assert pairs[sorted_bounding.PACKED].tolist() == truth[sorted_bounding.PACKED].to_list(), f"seed={seed}"
@@ -443,10 +447,29 @@ def test_pair_sums_sort_rows_with_their_values_by_places_or_by_polars(largest: i
     codes = frame[sorted_bounding.PACKED].to_numpy()
     carried_codes = codes[pairs["leaf"]]
     assert (np.diff(carried_codes) >= 0).all(), f"seed={seed}: carried rows must follow their codes"
+    if largest <= 2**40:  # sorted with places: a pair's rows stay in their order
+        in_run = np.flatnonzero(np.diff(carried_codes) == 0)
+        assert (pairs["leaf"][in_run + 1] > pairs["leaf"][in_run]).all(), f"seed={seed}: a pair's rows in place order"
 
 
+@pytest.mark.parametrize("radix", [False, True])
+def test_lone_codes_column_sorts_like_numpy(radix: bool) -> None:
+    """A shard of codes alone (a count) gives a group-by's pairs and rows, by numpy's sort or the
+    compiled radix sort, whether Polars' memory is writable or not."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    frame = pl.DataFrame({sorted_bounding.PACKED: rng.integers(0, 2**37, 30_000) // 2**20 * 2**20
+                          + rng.integers(0, 40, 30_000)})
+    passes = compiled.compiled_passes().result() if radix else None
+    pairs = sorted_bounding._pair_sums(frame, passes)
+    truth = frame.group_by(sorted_bounding.PACKED).agg(pl.len().alias("rows")).sort(sorted_bounding.PACKED)
+    assert pairs[sorted_bounding.PACKED].tolist() == truth[sorted_bounding.PACKED].to_list(), f"seed={seed}"
+    assert pairs[sorted_bounding.ROWS].tolist() == truth["rows"].to_list(), f"seed={seed}: rows per pair"
+
+
+@pytest.mark.parametrize("radix", [False, True])
 @pytest.mark.parametrize("case", ["spread", "equal_top_bits", "too_wide_to_pack"])
-def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
+def test_choice_order_is_the_three_key_lexsort(case: str, radix: bool) -> None:
     """The packed sort orders pairs exactly as np.lexsort((hashes, -rows, runs)): ties of the hash's
     top bits sorted by the whole hash, then by place; rows too large to pack fall back to it."""
     seed = fresh_seed()
@@ -462,7 +485,8 @@ def test_choice_order_is_the_three_key_lexsort(case: str) -> None:
     if case == "too_wide_to_pack":
         rows[rng.integers(0, runs.size)] = 2**40
     expected = np.lexsort((hashes, -rows, runs))
-    assert sorted_bounding._choice_order(runs, rows, hashes).tolist() == expected.tolist(), f"seed={seed}"
+    passes = compiled.compiled_passes().result() if radix else None
+    assert sorted_bounding._choice_order(runs, rows, hashes, passes).tolist() == expected.tolist(), f"seed={seed}"
 
 
 @pytest.mark.parametrize(("rows", "workers", "count"), [
