@@ -2,12 +2,13 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
-value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`). numba compiles them (a wheel from the package registry, no
-compiler on the user's machine) for explicit signatures and caches the machine code
-on disk, so a machine compiles them once; compiled, they release the GIL and each worker
-thread bounds its own shard. Loading them still costs 0.4 s of one core (numba's import,
-then its code generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a
-thread while the shards are read; smaller ones take numpy's and Polars' passes.
+value column's units summed per pair (`pair_units`) and the shard's codes sorted
+(`radix_sort`). numba compiles them (a wheel from the package registry, no compiler on the
+user's machine) for explicit signatures and caches the machine code on disk, so a machine
+compiles them once; compiled, they release the GIL and each worker thread bounds its own
+shard. Loading them still costs about 0.5 s of one core (numba's import, then its code
+generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread while
+the shards are read; smaller ones take numpy's and Polars' passes.
 """
 
 from __future__ import annotations
