@@ -4,6 +4,8 @@ above the places are sorted. Seeds come from os.urandom and are part of every as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from dprun_testing import fresh_seed
@@ -19,12 +21,13 @@ def compiled_sort(keys: np.ndarray, scratch: np.ndarray, low_bit: int, high_bit:
     return compiled.compiled_passes().result().radix_sort(keys, scratch, low_bit, high_bit)
 
 
+Sort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 SORTS = [pytest.param(python_sort, 2_000, id="python"), pytest.param(compiled_sort, 200_000, id="compiled")]
 
 
 @pytest.mark.parametrize(("sort", "size"), SORTS)
 @pytest.mark.parametrize("bits", [1, 9, 10, 11, 20, 21, 38, 62, 63])
-def test_radix_sort_sorts_as_numpy(sort, size: int, bits: int) -> None:
+def test_radix_sort_sorts_as_numpy(sort: Sort, size: int, bits: int) -> None:
     """Keys of every width (one digit, several, odd and even numbers of passes, the sign bit's
     neighbour) come out as numpy sorts them, with duplicates."""
     seed = fresh_seed()
@@ -37,7 +40,7 @@ def test_radix_sort_sorts_as_numpy(sort, size: int, bits: int) -> None:
 
 @pytest.mark.parametrize(("sort", "size"), SORTS)
 @pytest.mark.parametrize("code_bits", [3, 17, 40])
-def test_radix_sort_keeps_equal_codes_in_place_order(sort, size: int, code_bits: int) -> None:
+def test_radix_sort_keeps_equal_codes_in_place_order(sort: Sort, size: int, code_bits: int) -> None:
     """Sorting `code << p | place` by its bits from p up is numpy's sort of the whole numbers:
     the places of equal codes stay in order, though the sort never looks at them."""
     seed = fresh_seed()
@@ -50,7 +53,7 @@ def test_radix_sort_keeps_equal_codes_in_place_order(sort, size: int, code_bits:
 
 
 @pytest.mark.parametrize(("sort", "size"), SORTS)
-def test_radix_sort_of_no_keys_one_key_and_equal_keys(sort, size: int) -> None:
+def test_radix_sort_of_no_keys_one_key_and_equal_keys(sort: Sort, size: int) -> None:
     """Nothing to sort, one key and all keys equal (every pass skipped) come back as they were."""
     for keys in [np.zeros(0, np.int64), np.array([5], np.int64), np.full(size, 3 << 30, np.int64)]:
         found = sort(keys.copy(), np.empty_like(keys), 0, int(keys.max()).bit_length() if keys.size else 0)
