@@ -2,13 +2,14 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
-value column's units summed per pair (`pair_units`) and the shard's codes sorted
-(`radix_sort`). numba compiles them (a wheel from the package registry, no compiler on the
-user's machine) for explicit signatures and caches the machine code on disk, so a machine
-compiles them once; compiled, they release the GIL and each worker thread bounds its own
-shard. Loading them still costs about 0.5 s of one core (numba's import, then its code
-generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread while
-the shards are read; smaller ones take numpy's and Polars' passes.
+value column's units summed per pair (`pair_units`), the shard's codes sorted
+(`radix_sort`) and its rows' key codes found by their hashes (`key_hashes`). numba compiles
+them (a wheel from the package registry, no compiler on the user's machine) for explicit
+signatures and caches the machine code on disk, so a machine compiles them once; compiled,
+they release the GIL and each worker thread bounds its own shard. Loading them still costs
+about 0.5 s of one core (numba's import, then its code generator's), so only inputs of
+COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read; smaller
+ones take numpy's and Polars' passes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dprun.engines import light_units, pair_units, radix_sort
+from dprun.engines import key_hashes, light_units, pair_units, radix_sort
 
 # Rows of a query's input from which its shards are bounded by the compiled passes: there the
 # light units' loop alone saves ~40 ns per pair, several times the 0.4 s their loading costs.
@@ -30,19 +31,25 @@ COMPILED_FROM_ROWS = 2**23
 # The one signature the light units' loop is compiled for: all arrays C-contiguous.
 LIGHT_UNITS = "int64(int64[::1], int64, int64, int64[::1], int64[:, ::1], int64[:, ::1], int64[::1])"
 RADIX_SORT = "int64[::1](int64[::1], int64[::1], int64, int64)"
+FILL_KEY_SLOTS = "void(int64[::1], int64[:, ::1], int64)"
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
+FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
+FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
 
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `radix_sort.radix_sort`."""
+    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums`, `radix_sort.radix_sort`,
+    and `key_hashes.fill_slots` and `find_codes`."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
+    fill_key_slots: FillKeySlots
+    find_key_codes: FindKeyCodes
 
 
 _starting = threading.Lock()
@@ -78,17 +85,29 @@ def _compile(future: Future[Passes]) -> None:
 
         future.set_result(Passes(compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
                                  compiled(_unit_sums_signatures(), pair_units.pair_unit_sums),  # type: ignore[arg-type]
-                                 compiled([RADIX_SORT], radix_sort.radix_sort)))  # type: ignore[arg-type]
+                                 compiled([RADIX_SORT], radix_sort.radix_sort),  # type: ignore[arg-type]
+                                 compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),  # type: ignore[arg-type]
+                                 compiled(_key_codes_signatures(), key_hashes.find_codes)))  # type: ignore[arg-type]
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 
 
 def _unit_sums_signatures() -> list[Any]:
     """The value pass's signatures: all arrays C-contiguous, the value column writable or
-    read-only (numpy views Polars' memory without a copy where it can), which numba's
-    signature strings cannot say."""
+    read-only (numpy views Polars' memory without a copy where it can; `_key_codes_signatures`
+    alike), which numba's signature strings cannot say."""
     from numba import types
 
     index = types.Array(types.int64, 1, "C")
     columns = [types.Array(types.float64, 1, "C", readonly=readonly) for readonly in (False, True)]
     return [index(values, index, index, *[types.float64] * 6, types.boolean) for values in columns]
+
+
+def _key_codes_signatures() -> list[Any]:
+    """`key_hashes.find_codes`'s signatures: the rows' hashes writable or read-only."""
+    from numba import types
+
+    slots = types.Array(types.int64, 2, "C")
+    codes = types.Array(types.int64, 1, "C")
+    hashes = [types.Array(types.int64, 1, "C", readonly=readonly) for readonly in (False, True)]
+    return [types.int64(slots, row_hashes, codes, types.int64) for row_hashes in hashes]

@@ -21,16 +21,20 @@ from itertools import pairwise
 from functools import partial
 from pathlib import Path
 from queue import SimpleQueue
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, Codes, Digit, RangeCodes, footer_range,
-                                  shard_unit_codes)
+from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, Codes, Digit, RangeCodes, ShardUnits, TableKeys,
+                                  footer_range, shard_unit_codes)
+from dprun.engines.key_hashes import KEY_HASH, KeyHashes
 from dprun.engines.polars_steps import collect, sink
+
+if TYPE_CHECKING:
+    from dprun.engines.compiled import Passes
 
 SHARD = "__dprun_shard__"
 MIXED = "__dprun_mixed__"
@@ -49,8 +53,10 @@ WORKERS = max(2, pl.thread_pool_size())
 MIN_SHARD_ROWS = 2**18
 
 
-def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
-    """The shard's rows with their packed codes, and how to find the values of a unit from its code there."""
+def packed_rows(loaded: Shard, codes: Codes, seed: int, passes: Passes | None
+                ) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
+    """The shard's rows with their packed codes, and how to find the values of a unit from its
+    code there. `passes`: the compiled passes, where the shards' bounding loaded them."""
     units = codes.units
     shard = loaded.load()
     mix = loaded.mix
@@ -61,6 +67,9 @@ def packed_rows(loaded: Shard, codes: Codes, seed: int) -> tuple[pl.DataFrame, C
         shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
         return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
     shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
+    if loaded.key_hashes is not None:
+        assert passes is not None, "keys are found by hash where the compiled passes are loaded"
+        shard = shard.with_columns(loaded.key_hashes.codes(shard[KEY_HASH], passes))
     shard = shard.with_columns(codes.packed(pl.col(UNIT)))
     return shard, partial(_unit_values, shard.select(UNIT, *units.columns))
 
@@ -71,29 +80,33 @@ def _unit_values(shard_units: pl.DataFrame, codes: np.ndarray) -> pl.DataFrame:
     return pl.DataFrame({UNIT: codes}).join(found, on=UNIT, how="left", maintain_order="left").drop(UNIT)
 
 
-def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: UnitMix | None, extra: Sequence[str | pl.Expr]
-                  ) -> pl.LazyFrame:
+def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: UnitMix | None, extra: Sequence[str | pl.Expr],
+                  key_hashes: KeyHashes | None) -> pl.LazyFrame:
     """The rows as they go to the shards: packed codes (or the unit columns and the key code,
-    packed per shard), with their shard where `mix` says it, then `extra` columns."""
-    keyed = codes.keys.attach(rows)
+    or the key hash where `key_hashes` finds the codes, packed per shard), with their shard
+    where `mix` says it, then `extra` columns."""
+    keyed = codes.keys.attach(rows) if key_hashes is None else rows.with_columns(key_hashes.expr())
     if isinstance(codes.units, RangeCodes):
         if mix is None:
             return keyed.select(codes.packed(codes.units.code()), *extra)
         return keyed.with_columns(mix.mixed(codes.units.code())).select(
             codes.packed(pl.col(MIXED)), mix.shard(pl.col(MIXED)), *extra)
-    return keyed.select(*dict.fromkeys([*codes.units.columns, KEY, *(c for c in extra if isinstance(c, str))]),
+    key = KEY if key_hashes is None else KEY_HASH
+    return keyed.select(*dict.fromkeys([*codes.units.columns, key, *(c for c in extra if isinstance(c, str))]),
                         *(c for c in extra if not isinstance(c, str)))
 
 
 @dataclass(frozen=True)
 class Shard:
     """A shard: how to load its rows, its number, and the mix its range-coded units went through
-    (if any) or, for a run of row groups, the unit code its own codes start from."""
+    (if any) or, for a run of row groups, the unit code its own codes start from; the key
+    hashes its rows' key codes are found by, where they carry hashes instead of codes."""
 
     load: Callable[[], pl.DataFrame]
     index: int = 0
     mix: UnitMix | None = None
     first_unit: int = 0
+    key_hashes: KeyHashes | None = None
 
 
 @dataclass(frozen=True)
@@ -162,18 +175,22 @@ class UnitMix:
 
 
 def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path, extra: Sequence[str | pl.Expr],
-                      slices: InputSlices | None = None) -> list[Shard]:
+                      slices: InputSlices | None = None, compiled: bool = False) -> list[Shard]:
     """The packed rows, with `extra` columns, in shards of whole units, each small enough to sort
     in memory: runs of row groups where `slices` reads an input whose footers show them in
-    order of its unit, else by a hash of the unit."""
+    order of its unit, else by a hash of the unit. `compiled`: the shards are bounded by the
+    compiled passes, so where units are coded per shard, a table's keys are found there too,
+    by their hashes (`KeyHashes`)."""
     count = shard_count(codes.rows)
     if count > 1 and slices is not None and (ordered := unit_ordered_shards(slices, codes, extra)) is not None:
         return ordered
     # A shard of codes alone is sorted as it is (`_pair_sums`): mixing units would only cost time.
     mix = UnitMix.of(codes.units, count, seed) if isinstance(codes.units, RangeCodes) and extra and count > 1 else None
-    frame = _packed_frame(rows, codes, mix, extra)
+    key_hashes = (KeyHashes.of(codes.keys.table, dict(rows.collect_schema()), seed)
+                  if compiled and isinstance(codes.units, ShardUnits) and isinstance(codes.keys, TableKeys) else None)
+    frame = _packed_frame(rows, codes, mix, extra, key_hashes)
     if count == 1:
-        return [Shard(lambda: collect(frame))]
+        return [Shard(lambda: collect(frame), key_hashes=key_hashes)]
     files = _ShardFiles(workdir / "packed")
     if mix is None:
         unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
@@ -184,7 +201,7 @@ def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path
              workdir, arrow=True)
     finally:
         files.close()
-    return [Shard(partial(_load, paths), shard, mix) for shard, paths in files.paths()]
+    return [Shard(partial(_load, paths), shard, mix, key_hashes=key_hashes) for shard, paths in files.paths()]
 
 
 def shard_count(rows: int) -> int:

@@ -274,7 +274,8 @@ class SortedBounding:
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
         # Units not coded by range are coded once their shard is in memory (`packed_rows`).
-        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves], slices)
+        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves], slices,
+                                  compiled=self.compiled is not None)
         work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
         outputs, (totals, *others) = in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
         for other in others:
@@ -328,8 +329,8 @@ class SortedBounding:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
         heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
         are returned (the names of those written)."""
-        shard, unit_values = packed_rows(load, self.codes, self.seed)
         passes = self.compiled.result() if self.compiled is not None else None
+        shard, unit_values = packed_rows(load, self.codes, self.seed, passes)
         pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
                  ) or _pair_sums(self._row_values(shard), passes, carried=self.leaf_columns)
         del shard
@@ -538,7 +539,7 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     # Loaded while the shards are read, for the radix sort (`compiled`).
     loading = compiled.compiled_passes() if codes.rows >= compiled.COMPILED_FROM_ROWS else None
     loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()],
-                              slices)
+                              slices, compiled=loading is not None)
 
     def new_profile() -> _Profile:
         return _Profile(np.zeros(choice.shape, dtype=np.int64),
@@ -550,12 +551,12 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
                         np.zeros(len(choice.l0_options), dtype=np.int64))
 
     def profile_shard(load: Shard, found: _Profile) -> None:
-        shard, unit_values = packed_rows(load, codes, shard_seed)
+        passes = loading.result() if loading is not None else None
+        shard, unit_values = packed_rows(load, codes, shard_seed, passes)
         if value_columns:
             units = shard[PACKED].to_numpy() >> codes.key_bits
             for index, name in enumerate(value_columns):
                 found.values[index] += _value_weights(units, shard[name])
-        passes = loading.result() if loading is not None else None
         pairs = _pair_sums(shard.select(PACKED), passes)
         del shard
         unit_code = pairs[PACKED] >> codes.key_bits

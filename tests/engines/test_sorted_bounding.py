@@ -23,7 +23,7 @@ from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
 from dprun.engines import codes as codes_module
-from dprun.engines import compiled, shards, sorted_bounding
+from dprun.engines import compiled, key_hashes, shards, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
@@ -45,6 +45,25 @@ def small_shards(patch: pytest.MonkeyPatch) -> None:
 def compiled_loop(patch: pytest.MonkeyPatch) -> None:
     """Light units and value sums by the compiled passes (large inputs) instead of numpy's and Polars'."""
     patch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
+
+
+def hashed_table_codes(patch: pytest.MonkeyPatch) -> None:
+    """Units coded per shard and keys by table, the keys found in each shard by their hashes
+    (the compiled path) rather than joined into the rows."""
+    table_codes(patch)
+    compiled_loop(patch)
+    found = key_hashes.KeyHashes.codes
+    HASH_LOOKUPS.clear()
+
+    def counted(self: key_hashes.KeyHashes, hashes: pl.Series, passes: compiled.Passes) -> pl.Series:
+        HASH_LOOKUPS.append(hashes.len())
+        return found(self, hashes, passes)
+
+    patch.setattr(key_hashes.KeyHashes, "codes", counted)
+
+
+# The shards' rows whose keys `hashed_table_codes` found by hash, per shard.
+HASH_LOOKUPS: list[int] = []
 
 
 def heavy_tailed_rows(rng: np.random.Generator, units: int, key_dtype: pl.DataType = pl.Int64) -> pl.DataFrame:
@@ -84,7 +103,9 @@ def both_ways(spec: Path, names: list[str], seed: int, monkeypatch: pytest.Monke
         variant(patch)
         run_ok(spec, seed)
     assert len(codings[0]) == len(codings[1]) == len(names), f"seed={seed}: {codings}"
-    if variant is table_codes:
+    if variant is hashed_table_codes:
+        assert HASH_LOOKUPS, f"seed={seed}: no shard found its keys by hash"
+    if variant in (table_codes, hashed_table_codes):
         assert set(codings[1]) == {("ShardUnits", "TableKeys")}, f"seed={seed}: {codings}"
         assert ("RangeCodes", "RangeCodes") in codings[0], f"seed={seed}: {codings}"
     return {name: (first[name], output(spec, name)) for name in names}
@@ -104,7 +125,7 @@ TREE = {"name": "p", "kind": "quantile", "column": "value", "bounds": [-20, 80],
 CANDIDATES = {"name": "mid", "kind": "median", "column": "value", "bounds": [-10, 70], "quantile_method": "candidates"}
 
 
-@pytest.mark.parametrize("variant", [small_shards, table_codes, compiled_loop])
+@pytest.mark.parametrize("variant", [small_shards, table_codes, compiled_loop, hashed_table_codes])
 def test_codes_and_shards_change_no_released_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      variant: Variant) -> None:
     seed = fresh_seed()
