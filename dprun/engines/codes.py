@@ -33,15 +33,19 @@ import functools
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from dprun.engines import distinct_codes
 from dprun.engines.polars_steps import GLOBAL_KEY, collect
 from dprun.plan import QueryPlan
 from dprun.spec.input_schema import InputInfo, scan
+
+if TYPE_CHECKING:
+    from dprun.engines.compiled import Passes
 
 PACKED = "__dprun_packed__"
 KEY = "__dprun_key_code__"
@@ -183,19 +187,24 @@ class Codes:
         return (unit_code * (1 << self.key_bits) + pl.col(KEY)).alias(PACKED)
 
 
-def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int) -> pl.Series:
+def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int, passes: Passes | None
+                     ) -> pl.Series:
     """Each row's unit code within its shard, below 2^bits.
 
     The top bits of a keyed hash of the unit's values where they tell the shard's units apart,
     which is checked exactly (as many distinct codes as distinct units: then no two units share
-    a code); else, when two units collide, the unit's dense rank among the shard's units. The
-    hash and the check cost about a third of the rank (a sort of the values) on text ids.
+    a code; counted by the compiled pass where `passes` are loaded); else, when two units
+    collide, the unit's dense rank among the shard's units. The hash and the check cost about
+    a third of the rank (a sort of the values) on text ids.
     """
     columns = list(units.columns)
     unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
     top_bits = unit.hash(seed) // pl.lit(1 << (64 - bits), dtype=pl.UInt64)
     hashed = shard.select(top_bits.cast(pl.Int64).alias(UNIT)).to_series()
-    if hashed.n_unique() == shard.select(unit.n_unique()).item():
+    distinct_units = shard.select(unit.n_unique()).item()
+    codes_found = (hashed.n_unique() if passes is None else
+                   passes.count_distinct(hashed.to_numpy(), distinct_codes.slots_for(distinct_units)))
+    if codes_found == distinct_units:
         return hashed
     return shard.select((unit.rank("dense").cast(pl.Int64) - 1).alias(UNIT)).to_series()
 

@@ -3,10 +3,11 @@
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
 value column's units summed per pair (`pair_units`), the shard's codes sorted
-(`radix_sort`) and its rows' key codes found by their hashes (`key_hashes`). numba compiles
-them (a wheel from the package registry, no compiler on the user's machine) for explicit
-signatures and caches the machine code on disk, so a machine compiles them once; compiled,
-they release the GIL and each worker thread bounds its own shard. Loading them still costs
+(`radix_sort`), its rows' key codes found by their hashes (`key_hashes`) and its distinct
+unit codes counted (`distinct_codes`). numba compiles them (a wheel from the package
+registry, no compiler on the user's machine) for explicit signatures and caches the machine
+code on disk, so a machine compiles them once; compiled, they release the GIL and each
+worker thread bounds its own shard. Loading them still costs
 about 0.5 s of one core (numba's import, then its code generator's), so only inputs of
 COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read; smaller
 ones take numpy's and Polars' passes.
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dprun.engines import key_hashes, light_units, pair_units, radix_sort
+from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort
 
 # Rows of a query's input from which its shards are bounded by the compiled passes: there the
 # light units' loop alone saves ~40 ns per pair, several times the 0.4 s their loading costs.
@@ -38,18 +39,20 @@ UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, fl
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
 FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
+CountDistinct = Callable[[np.ndarray, np.ndarray], int]
 
 
 @dataclass(frozen=True)
 class Passes:
     """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums`, `radix_sort.radix_sort`,
-    and `key_hashes.fill_slots` and `find_codes`."""
+    `key_hashes.fill_slots` and `find_codes`, and `distinct_codes.count_distinct`."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
     fill_key_slots: FillKeySlots
     find_key_codes: FindKeyCodes
+    count_distinct: CountDistinct
 
 
 _starting = threading.Lock()
@@ -83,31 +86,39 @@ def _compile(future: Future[Passes]) -> None:
                 # No writable folder for numba's cache (a read-only installation and home): compile for this run.
                 return numba.njit(signatures, nogil=True)(function)
 
-        future.set_result(Passes(compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
-                                 compiled(_unit_sums_signatures(), pair_units.pair_unit_sums),  # type: ignore[arg-type]
-                                 compiled([RADIX_SORT], radix_sort.radix_sort),  # type: ignore[arg-type]
-                                 compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),  # type: ignore[arg-type]
-                                 compiled(_key_codes_signatures(), key_hashes.find_codes)))  # type: ignore[arg-type]
+        signatures = _signatures()
+        future.set_result(Passes(
+            compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
+            compiled(signatures["pair_unit_sums"], pair_units.pair_unit_sums),  # type: ignore[arg-type]
+            compiled([RADIX_SORT], radix_sort.radix_sort),  # type: ignore[arg-type]
+            compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),  # type: ignore[arg-type]
+            compiled(signatures["find_key_codes"], key_hashes.find_codes),  # type: ignore[arg-type]
+            compiled(signatures["count_distinct"], distinct_codes.count_distinct)))  # type: ignore[arg-type]
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 
 
-def _unit_sums_signatures() -> list[Any]:
-    """The value pass's signatures: all arrays C-contiguous, the value column writable or
-    read-only (numpy views Polars' memory without a copy where it can; `_key_codes_signatures`
-    alike), which numba's signature strings cannot say."""
+def _with_read_only(dtype: Any, signature: Callable[[Any], Any]) -> list[Any]:
+    """`signature` of one C-contiguous 1-d `dtype` array, writable and read-only (numpy views
+    Polars' memory without a copy where it can), which numba's signature strings cannot say."""
+    from numba import types
+
+    return [signature(types.Array(dtype, 1, "C", readonly=readonly)) for readonly in (False, True)]
+
+
+def _signatures() -> dict[str, list[Any]]:
+    """The signatures of the passes that take a column of Polars' memory (all arrays C-contiguous)."""
     from numba import types
 
     index = types.Array(types.int64, 1, "C")
-    columns = [types.Array(types.float64, 1, "C", readonly=readonly) for readonly in (False, True)]
-    return [index(values, index, index, *[types.float64] * 6, types.boolean) for values in columns]
-
-
-def _key_codes_signatures() -> list[Any]:
-    """`key_hashes.find_codes`'s signatures: the rows' hashes writable or read-only."""
-    from numba import types
-
     slots = types.Array(types.int64, 2, "C")
-    codes = types.Array(types.int64, 1, "C")
-    hashes = [types.Array(types.int64, 1, "C", readonly=readonly) for readonly in (False, True)]
-    return [types.int64(slots, row_hashes, codes, types.int64) for row_hashes in hashes]
+    return {
+        # The value column.
+        "pair_unit_sums": _with_read_only(
+            types.float64, lambda values: index(values, index, index, *[types.float64] * 6, types.boolean)),
+        # The rows' key hashes.
+        "find_key_codes": _with_read_only(
+            types.int64, lambda hashes: types.int64(slots, hashes, index, types.int64)),
+        # The rows' unit codes.
+        "count_distinct": _with_read_only(types.int64, lambda codes: types.int64(codes, index)),
+    }

@@ -66,7 +66,7 @@ def packed_rows(loaded: Shard, codes: Codes, seed: int, passes: Passes | None
             return shard, units.values if first == 0 else lambda within: units.values(within + first)
         shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
         return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
-    shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed))
+    shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed, passes))
     if loaded.key_hashes is not None:
         assert passes is not None, "keys are found by hash where the compiled passes are loaded"
         shard = shard.with_columns(loaded.key_hashes.codes(shard[KEY_HASH], passes))

@@ -5,6 +5,8 @@ every assertion message."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 import pytest
@@ -14,7 +16,9 @@ from dprun.engines import compiled, key_hashes
 from dprun.engines.codes import KEY
 from dprun.engines.key_hashes import KeyHashes
 
-PYTHON = compiled.Passes(*[None] * 3, key_hashes.fill_slots, key_hashes.find_codes)  # type: ignore[arg-type]
+# The key passes as Python; the other passes are not called here.
+PYTHON = dataclasses.replace(compiled.Passes(*[None] * len(dataclasses.fields(compiled.Passes))),  # type: ignore[arg-type]
+                             fill_key_slots=key_hashes.fill_slots, find_key_codes=key_hashes.find_codes)
 
 
 def compiled_passes() -> compiled.Passes:

@@ -394,16 +394,19 @@ def test_every_column_family_releases_the_same_tables_in_small_shards(tmp_path: 
         assert whole.equals(sharded), f"seed={seed}: {name} differs in small shards:\n{whole}\n{sharded}"
 
 
+@pytest.mark.parametrize("compiled_count", [False, True])
 @pytest.mark.parametrize("bits", [40, 4])
-def test_shard_unit_codes_tell_every_unit_apart(bits: int) -> None:
+def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_count: bool) -> None:
     """With 40 bits the keyed hash's top bits tell 300 units apart; with 4 bits they cannot (16
-    codes), and the units' dense ranks are used instead: either way one code per unit."""
+    codes), and the units' dense ranks are used instead: either way one code per unit, whether
+    Polars or the compiled pass counts the codes."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     names = rng.choice([f"id-{i}" for i in range(300)], 5000)
     shard = pl.DataFrame({"uid": names, "day": rng.integers(0, 3, 5000)})
     units = ShardUnits(("uid", "day"))
-    codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64)
+    passes = compiled.compiled_passes().result() if compiled_count else None
+    codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64, passes)
     pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
     assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
     assert int(codes.max()) < 2**bits if bits == 40 else int(codes.max()) == pairs.height - 1, f"seed={seed}"
