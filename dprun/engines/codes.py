@@ -45,7 +45,7 @@ from dprun.plan import QueryPlan
 from dprun.spec.input_schema import InputInfo, scan
 
 if TYPE_CHECKING:
-    from dprun.engines.compiled import Passes
+    from dprun.engines.compiled import UnitPasses
 
 PACKED = "__dprun_packed__"
 KEY = "__dprun_key_code__"
@@ -187,7 +187,7 @@ class Codes:
         return (unit_code * (1 << self.key_bits) + pl.col(KEY)).alias(PACKED)
 
 
-def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int, passes: Passes | None
+def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int, passes: UnitPasses | None
                      ) -> pl.Series:
     """Each row's unit code within its shard, below 2^bits.
 

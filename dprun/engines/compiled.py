@@ -2,15 +2,16 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
-value column's units summed per pair (`pair_units`), the shard's codes sorted
-(`radix_sort`), its rows' key codes found by their hashes (`key_hashes`) and its distinct
-unit codes counted (`distinct_codes`). numba compiles them (a wheel from the package
-registry, no compiler on the user's machine) for explicit signatures and caches the machine
-code on disk, so a machine compiles them once; compiled, they release the GIL and each
-worker thread bounds its own shard. Loading them still costs
-about 0.5 s of one core (numba's import, then its code generator's), so only inputs of
-COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read; smaller
-ones take numpy's and Polars' passes.
+value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`)
+are `Passes`; a shard's rows' key codes found by their hashes (`key_hashes`) and its distinct
+unit codes counted (`distinct_codes`) are `UnitPasses`, loaded apart and only for units coded
+per shard (`codes.ShardUnits`), so other queries do not pay for them. numba compiles them (a
+wheel from the package registry, no compiler on the user's machine) for explicit signatures
+and caches the machine code on disk, so a machine compiles them once; compiled, they release
+the GIL and each worker thread bounds its own shard. Loading `Passes` still costs about 0.5 s
+of one core (numba's import, then its code generator's), so only inputs of COMPILED_FROM_ROWS
+rows use them, loaded in a thread while the shards are read; smaller ones take numpy's and
+Polars' passes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,16 +41,25 @@ RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
 FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
 CountDistinct = Callable[[np.ndarray, np.ndarray], int]
+Compile = Callable[[list[Any], Callable[..., object]], Any]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums`, `radix_sort.radix_sort`,
-    `key_hashes.fill_slots` and `find_codes`, and `distinct_codes.count_distinct`."""
+    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `radix_sort.radix_sort`."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
+
+
+@dataclass(frozen=True)
+class UnitPasses:
+    """The compiled passes of units coded per shard (`codes.ShardUnits`): `key_hashes.fill_slots`
+    and `find_codes`, and `distinct_codes.count_distinct`. Loaded apart, by queries with such
+    units only: each pass adds ~0.1 s of one core to the loading."""
+
     fill_key_slots: FillKeySlots
     find_key_codes: FindKeyCodes
     count_distinct: CountDistinct
@@ -63,62 +73,78 @@ def compiled_passes() -> Future[Passes]:
     process. Compiled code checks no index and wraps on overflow: the callers make sure
     neither can happen."""
     with _starting:
-        return _loading()
+        return _loading(_passes)
+
+
+def compiled_unit_passes() -> Future[UnitPasses]:
+    """The compiled passes of units coded per shard, as `compiled_passes` loads its own."""
+    with _starting:
+        return _loading(_unit_passes)
 
 
 @functools.cache
-def _loading() -> Future[Passes]:
-    future: Future[Passes] = Future()
+def _loading(load: Callable[[Compile], R]) -> Future[R]:
+    future: Future[R] = Future()
     # Not a daemon: a run that fails before its workers wait for the passes (a bad row read)
     # exits once the thread is done, never while it is inside LLVM's code generator.
-    threading.Thread(target=_compile, args=(future,), name="dprun-compile").start()
+    threading.Thread(target=_compile, args=(load, future), name="dprun-compile").start()
     return future
 
 
-def _compile(future: Future[Passes]) -> None:
+def _compile(load: Callable[[Compile], R], future: Future[R]) -> None:
     try:
         import numba  # here: only inputs of COMPILED_FROM_ROWS rows pay its import
 
-        def compiled(signatures: list[Any], function: Callable[..., object]) -> Callable[..., object]:
+        def compiled(signatures: list[Any], function: Callable[..., object]) -> Any:
             try:
                 return numba.njit(signatures, nogil=True, cache=True)(function)
             except RuntimeError:
                 # No writable folder for numba's cache (a read-only installation and home): compile for this run.
                 return numba.njit(signatures, nogil=True)(function)
 
-        signatures = _signatures()
-        future.set_result(Passes(
-            compiled([LIGHT_UNITS], light_units.add_light_units),  # type: ignore[arg-type]
-            compiled(signatures["pair_unit_sums"], pair_units.pair_unit_sums),  # type: ignore[arg-type]
-            compiled([RADIX_SORT], radix_sort.radix_sort),  # type: ignore[arg-type]
-            compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),  # type: ignore[arg-type]
-            compiled(signatures["find_key_codes"], key_hashes.find_codes),  # type: ignore[arg-type]
-            compiled(signatures["count_distinct"], distinct_codes.count_distinct)))  # type: ignore[arg-type]
+        future.set_result(load(compiled))
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 
 
-def _with_read_only(dtype: Any, signature: Callable[[Any], Any]) -> list[Any]:
-    """`signature` of one C-contiguous 1-d `dtype` array, writable and read-only (numpy views
-    Polars' memory without a copy where it can), which numba's signature strings cannot say."""
+def _passes(compiled: Compile) -> Passes:
+    return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
+                  compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
+                  compiled([RADIX_SORT], radix_sort.radix_sort))
+
+
+def _unit_passes(compiled: Compile) -> UnitPasses:
+    return UnitPasses(compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),
+                      compiled(_with_read_only("int64", _key_codes_signature), key_hashes.find_codes),
+                      compiled(_with_read_only("int64", _count_distinct_signature), distinct_codes.count_distinct))
+
+
+def _with_read_only(dtype: str, signature: Callable[[Any], Any]) -> list[Any]:
+    """`signature` of one C-contiguous 1-d array of numba's type `dtype`, writable and read-only
+    (numpy views Polars' memory without a copy where it can), which numba's signature strings
+    cannot say."""
     from numba import types
 
-    return [signature(types.Array(dtype, 1, "C", readonly=readonly)) for readonly in (False, True)]
+    return [signature(types.Array(getattr(types, dtype), 1, "C", readonly=readonly)) for readonly in (False, True)]
 
 
-def _signatures() -> dict[str, list[Any]]:
-    """The signatures of the passes that take a column of Polars' memory (all arrays C-contiguous)."""
+def _unit_sums_signature(values: Any) -> Any:
+    """The value pass's signature for this value column (all arrays C-contiguous)."""
     from numba import types
 
     index = types.Array(types.int64, 1, "C")
-    slots = types.Array(types.int64, 2, "C")
-    return {
-        # The value column.
-        "pair_unit_sums": _with_read_only(
-            types.float64, lambda values: index(values, index, index, *[types.float64] * 6, types.boolean)),
-        # The rows' key hashes.
-        "find_key_codes": _with_read_only(
-            types.int64, lambda hashes: types.int64(slots, hashes, index, types.int64)),
-        # The rows' unit codes.
-        "count_distinct": _with_read_only(types.int64, lambda codes: types.int64(codes, index)),
-    }
+    return index(values, index, index, *[types.float64] * 6, types.boolean)
+
+
+def _key_codes_signature(hashes: Any) -> Any:
+    """`key_hashes.find_codes`'s signature for these rows' hashes."""
+    from numba import types
+
+    return types.int64(types.Array(types.int64, 2, "C"), hashes, types.Array(types.int64, 1, "C"), types.int64)
+
+
+def _count_distinct_signature(codes: Any) -> Any:
+    """`distinct_codes.count_distinct`'s signature for these unit codes."""
+    from numba import types
+
+    return types.int64(codes, types.Array(types.int64, 1, "C"))

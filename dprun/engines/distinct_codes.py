@@ -22,7 +22,7 @@ def slots_for(distinct: int) -> np.ndarray:
 def count_distinct(codes: np.ndarray, slots: np.ndarray) -> int:
     """The number of distinct values among `codes` (non-negative), each put in `slots` (empty:
     zeros, a power of two of them, more than the distinct codes) as code + 1. Run compiled
-    (`compiled.Passes`); as Python in tests."""
+    (`compiled.UnitPasses`); as Python in tests."""
     size = slots.size
     distinct = 0
     for row in range(codes.size):

@@ -25,7 +25,7 @@ import polars as pl
 from dprun.engines.codes import KEY
 
 if TYPE_CHECKING:
-    from dprun.engines.compiled import Passes
+    from dprun.engines.compiled import UnitPasses
 
 KEY_HASH = "__dprun_key_hash__"
 # Key types whose values are equal exactly where their bits are (a float's 0.0 and −0.0 are
@@ -63,7 +63,7 @@ class KeyHashes:
         """Each row's key hash (`KEY_HASH`)."""
         return key_hash(self.columns, self.seed)
 
-    def codes(self, hashes: pl.Series, passes: Passes) -> pl.Series:
+    def codes(self, hashes: pl.Series, passes: UnitPasses) -> pl.Series:
         """The key code of each hash (`KEY`), by the compiled `fill_slots` (once, by the first
         shard) and `find_codes`; null for a hash no key has, which fails the run (`_check_codes`)."""
         with self._filling:
@@ -85,7 +85,7 @@ def key_hash(columns: tuple[str, ...], seed: int) -> pl.Expr:
 def fill_slots(hashes: np.ndarray, slots: np.ndarray, shift: int) -> None:
     """Put key code c's hash in the first free slot from the one its top bits name: `slots[s]`
     holds (hash, c + 1), 0 in the second place for a free slot. `slots` has 2^(64 − shift)
-    rows, more than the hashes. Run compiled (`compiled.Passes`); as Python in tests."""
+    rows, more than the hashes. Run compiled (`compiled.UnitPasses`); as Python in tests."""
     size = slots.shape[0]
     for code in range(hashes.size):
         slot = (hashes[code] >> shift) & (size - 1)
@@ -98,7 +98,7 @@ def fill_slots(hashes: np.ndarray, slots: np.ndarray, shift: int) -> None:
 def find_codes(slots: np.ndarray, hashes: np.ndarray, codes: np.ndarray, shift: int) -> int:
     """Write each hash's key code into `codes` (−1 for a hash no key has), from slots that
     `fill_slots` filled, and return how many hashes no key has. Run compiled
-    (`compiled.Passes`); as Python in tests."""
+    (`compiled.UnitPasses`); as Python in tests."""
     size = slots.shape[0]
     missing = 0
     for row in range(hashes.size):

@@ -34,7 +34,9 @@ from dprun.engines.key_hashes import KEY_HASH, KeyHashes
 from dprun.engines.polars_steps import collect, sink
 
 if TYPE_CHECKING:
-    from dprun.engines.compiled import Passes
+    from concurrent.futures import Future
+
+    from dprun.engines.compiled import UnitPasses
 
 SHARD = "__dprun_shard__"
 MIXED = "__dprun_mixed__"
@@ -53,10 +55,11 @@ WORKERS = max(2, pl.thread_pool_size())
 MIN_SHARD_ROWS = 2**18
 
 
-def packed_rows(loaded: Shard, codes: Codes, seed: int, passes: Passes | None
+def packed_rows(loaded: Shard, codes: Codes, seed: int, unit_passes: Future[UnitPasses] | None
                 ) -> tuple[pl.DataFrame, Callable[[np.ndarray], pl.DataFrame]]:
     """The shard's rows with their packed codes, and how to find the values of a unit from its
-    code there. `passes`: the compiled passes, where the shards' bounding loaded them."""
+    code there. `unit_passes`: the compiled passes of units coded per shard, where the
+    bounding loads them (waited for only by shards that code their units)."""
     units = codes.units
     shard = loaded.load()
     mix = loaded.mix
@@ -66,6 +69,7 @@ def packed_rows(loaded: Shard, codes: Codes, seed: int, passes: Passes | None
             return shard, units.values if first == 0 else lambda within: units.values(within + first)
         shard = shard.with_columns(pl.col(PACKED) - mix.first(loaded.index) * (1 << codes.key_bits))
         return shard, lambda within: units.values(mix.unit_codes(loaded.index, within))
+    passes = unit_passes.result() if unit_passes is not None else None
     shard = shard.with_columns(shard_unit_codes(shard, units, PACKED_BITS - codes.key_bits, seed, passes))
     if loaded.key_hashes is not None:
         assert passes is not None, "keys are found by hash where the compiled passes are loaded"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -30,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import compiled, pair_units, release_steps, sorted_quantiles
-from dprun.engines.codes import PACKED, ROWS, Codes
+from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
 from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
 from dprun.errors import DataError
@@ -270,6 +271,7 @@ class SortedBounding:
         keep_freed_memory()
         # Loaded while the shards are read (`compiled`).
         self.compiled = compiled.compiled_passes() if codes.rows >= compiled.COMPILED_FROM_ROWS else None
+        self.unit_passes = _unit_passes(codes, self.compiled is not None)
         # Value columns go to the shards as they are; their integer units are computed per
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
@@ -329,8 +331,8 @@ class SortedBounding:
         """Adds a shard's light units, and its heavy units' first bounding, to `totals`; its
         heavy units' pairs, ranked, and its quantities' weighted leaves go to `files`, which
         are returned (the names of those written)."""
+        shard, unit_values = packed_rows(load, self.codes, self.seed, self.unit_passes)
         passes = self.compiled.result() if self.compiled is not None else None
-        shard, unit_values = packed_rows(load, self.codes, self.seed, passes)
         pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
                  ) or _pair_sums(self._row_values(shard), passes, carried=self.leaf_columns)
         del shard
@@ -538,6 +540,7 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     value_columns = {f"{VALUE}{i}": pl.col(c).cast(pl.Float64) for i, c in enumerate(choice.value_columns)}
     # Loaded while the shards are read, for the radix sort (`compiled`).
     loading = compiled.compiled_passes() if codes.rows >= compiled.COMPILED_FROM_ROWS else None
+    unit_passes = _unit_passes(codes, loading is not None)
     loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()],
                               slices, compiled=loading is not None)
 
@@ -551,12 +554,12 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
                         np.zeros(len(choice.l0_options), dtype=np.int64))
 
     def profile_shard(load: Shard, found: _Profile) -> None:
-        passes = loading.result() if loading is not None else None
-        shard, unit_values = packed_rows(load, codes, shard_seed, passes)
+        shard, unit_values = packed_rows(load, codes, shard_seed, unit_passes)
         if value_columns:
             units = shard[PACKED].to_numpy() >> codes.key_bits
             for index, name in enumerate(value_columns):
                 found.values[index] += _value_weights(units, shard[name])
+        passes = loading.result() if loading is not None else None
         pairs = _pair_sums(shard.select(PACKED), passes)
         del shard
         unit_code = pairs[PACKED] >> codes.key_bits
@@ -582,6 +585,12 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     return bound_choice.ContributionProfile(total.cells, total.unit_rows,
                                             bound_choice.size_histogram(total.picks[total.picks > 0]),
                                             total.kept_rows, total.kept_pairs, total.values)
+
+
+def _unit_passes(codes: Codes, compiled_path: bool) -> Future[compiled.UnitPasses] | None:
+    """The compiled passes of units coded per shard, loading in a thread, where the query has
+    such units and its shards are bounded by the compiled passes."""
+    return compiled.compiled_unit_passes() if compiled_path and isinstance(codes.units, ShardUnits) else None
 
 
 def _value_weights(unit_code: np.ndarray, values: pl.Series) -> np.ndarray:

@@ -18,7 +18,7 @@ def python_count(codes: np.ndarray, slots: np.ndarray) -> int:
 
 
 def compiled_count(codes: np.ndarray, slots: np.ndarray) -> int:
-    return compiled.compiled_passes().result().count_distinct(codes, slots)
+    return compiled.compiled_unit_passes().result().count_distinct(codes, slots)
 
 
 Count = Callable[[np.ndarray, np.ndarray], int]

@@ -5,24 +5,20 @@ every assertion message."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import polars as pl
 import pytest
 from dprun_testing import fresh_seed
 
-from dprun.engines import compiled, key_hashes
+from dprun.engines import compiled, distinct_codes, key_hashes
 from dprun.engines.codes import KEY
 from dprun.engines.key_hashes import KeyHashes
 
-# The key passes as Python; the other passes are not called here.
-PYTHON = dataclasses.replace(compiled.Passes(*[None] * len(dataclasses.fields(compiled.Passes))),  # type: ignore[arg-type]
-                             fill_key_slots=key_hashes.fill_slots, find_key_codes=key_hashes.find_codes)
+PYTHON = compiled.UnitPasses(key_hashes.fill_slots, key_hashes.find_codes, distinct_codes.count_distinct)
 
 
-def compiled_passes() -> compiled.Passes:
-    return compiled.compiled_passes().result()
+def compiled_passes() -> compiled.UnitPasses:
+    return compiled.compiled_unit_passes().result()
 
 
 @pytest.mark.parametrize(("passes", "size"), [pytest.param(lambda: PYTHON, 300, id="python"),

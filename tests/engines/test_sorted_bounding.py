@@ -45,6 +45,18 @@ def small_shards(patch: pytest.MonkeyPatch) -> None:
 def compiled_loop(patch: pytest.MonkeyPatch) -> None:
     """Light units and value sums by the compiled passes (large inputs) instead of numpy's and Polars'."""
     patch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
+    load = compiled.compiled_unit_passes
+    UNIT_PASS_LOADS.clear()
+
+    def counted() -> Any:
+        UNIT_PASS_LOADS.append(1)
+        return load()
+
+    patch.setattr(compiled, "compiled_unit_passes", counted)
+
+
+# The queries that asked for the compiled passes of units coded per shard under `compiled_loop`.
+UNIT_PASS_LOADS: list[int] = []
 
 
 def hashed_table_codes(patch: pytest.MonkeyPatch) -> None:
@@ -55,7 +67,7 @@ def hashed_table_codes(patch: pytest.MonkeyPatch) -> None:
     found = key_hashes.KeyHashes.codes
     HASH_LOOKUPS.clear()
 
-    def counted(self: key_hashes.KeyHashes, hashes: pl.Series, passes: compiled.Passes) -> pl.Series:
+    def counted(self: key_hashes.KeyHashes, hashes: pl.Series, passes: compiled.UnitPasses) -> pl.Series:
         HASH_LOOKUPS.append(hashes.len())
         return found(self, hashes, passes)
 
@@ -105,6 +117,11 @@ def both_ways(spec: Path, names: list[str], seed: int, monkeypatch: pytest.Monke
     assert len(codings[0]) == len(codings[1]) == len(names), f"seed={seed}: {codings}"
     if variant is hashed_table_codes:
         assert HASH_LOOKUPS, f"seed={seed}: no shard found its keys by hash"
+        assert len(UNIT_PASS_LOADS) == len(names), f"seed={seed}: {UNIT_PASS_LOADS}"
+    if variant is compiled_loop:
+        # Units coded by range: the passes of units coded per shard are not loaded.
+        assert {units for units, _ in codings[1]} == {"RangeCodes"}, f"seed={seed}: {codings}"
+        assert not UNIT_PASS_LOADS, f"seed={seed}: {UNIT_PASS_LOADS}"
     if variant in (table_codes, hashed_table_codes):
         assert set(codings[1]) == {("ShardUnits", "TableKeys")}, f"seed={seed}: {codings}"
         assert ("RangeCodes", "RangeCodes") in codings[0], f"seed={seed}: {codings}"
@@ -405,7 +422,7 @@ def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_count: bool)
     names = rng.choice([f"id-{i}" for i in range(300)], 5000)
     shard = pl.DataFrame({"uid": names, "day": rng.integers(0, 3, 5000)})
     units = ShardUnits(("uid", "day"))
-    passes = compiled.compiled_passes().result() if compiled_count else None
+    passes = compiled.compiled_unit_passes().result() if compiled_count else None
     codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64, passes)
     pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
     assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
