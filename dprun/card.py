@@ -560,11 +560,27 @@ def _cells(column: pl.Series, key: bool, places: int | None, halves: np.ndarray 
     if places is None or halves is None:
         shown = [_num(value) for value in values]
     else:
-        rounded = _rounder(places)
-        shown = [_num(value) if value is None else
-                 rounded(value) + (f" ± {rounded(half)}" if math.isfinite(half) else "")
+        rounded = _once_per_value(_rounder(places))
+        interval = _once_per_value(lambda half: f" ± {rounded(half)}" if math.isfinite(half) else "")
+        shown = [_num(value) if value is None else rounded(value) + interval(half)
                  for value, half in zip(values, halves.tolist(), strict=True)]
     return [f'<td data-value="{text}">{cell}</td>' for text, cell in zip(whole, shown, strict=True)]
+
+
+def _once_per_value(text: Callable[[Any], str]) -> Callable[[Any], str]:
+    """`text`, worked out once per distinct value: a released column repeats many (noisy counts
+    near the threshold, one interval on every row), and rounding each one took most of the
+    card of a release of 10^5 partitions, which `dprun run` waits for. Keyed by the value's
+    repr but for an int: 0.0 and -0.0 are equal, and shown apart."""
+    shown: dict[Any, str] = {}
+
+    def once(value: Any) -> str:
+        key = value if type(value) is int else repr(value)
+        found = shown.get(key)
+        if found is None:
+            found = shown[key] = text(value)
+        return found
+    return once
 
 
 def _accuracy_table(metrics: list[dict[str, Any]]) -> str:

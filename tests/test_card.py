@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from dprun_testing import everything, example_copy, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,3 +260,32 @@ def test_a_metric_chart_s_left_margin_fits_its_widest_line_of_any_key() -> None:
     assert left(["abcd\nab"]) == left(["abcd"]) > left(["ab\nab"])
     assert left(["日本\n\t", "\x00"]) > 0
     assert left(["W" * 500]) == card.MOST_LEFT
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.25, -1.25, 1234.5, math.nan, math.inf]),
+                                 st.floats(-1e6, 1e6)), max_size=30),
+       halves=st.lists(st.sampled_from([0.0, -0.0, 0.5, 12.0, math.inf, math.nan]), min_size=30, max_size=30),
+       places=st.integers(-2, 3))
+def test_a_column_s_cells_show_each_value_as_its_own_rounding_does(values: list[float | None], halves: list[float],
+                                                                   places: int) -> None:
+    # Cells are worked out once per distinct value: equal values that show apart (0.0 and
+    # -0.0) must not share a text, nor a value share its interval's.
+    from dprun import card
+
+    halves = halves[:len(values)]
+    rounded = card._rounder(places)
+    expected = [f'<td data-value="{value}">' + ("" if value is None else rounded(value) + (
+        f" ± {rounded(half)}" if math.isfinite(half) else "")) + "</td>" for value, half in zip(values, halves)]
+    column = pl.Series(values, dtype=pl.Float64)
+    assert card._cells(column, False, places, np.array(halves, dtype=np.float64)) == expected
+
+
+def test_an_integer_column_s_cells_are_rounded_per_value() -> None:
+    from dprun import card
+
+    column = pl.Series([125, 135, 125, -5, 0, 135], dtype=pl.Int64)
+    assert card._cells(column, False, -1, np.full(6, 34.0)) == [
+        '<td data-value="125">120 ± 30</td>', '<td data-value="135">140 ± 30</td>',
+        '<td data-value="125">120 ± 30</td>', '<td data-value="-5">-0 ± 30</td>',
+        '<td data-value="0">0 ± 30</td>', '<td data-value="135">140 ± 30</td>']
