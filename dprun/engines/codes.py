@@ -191,21 +191,26 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
                      ) -> pl.Series:
     """Each row's unit code within its shard, below 2^bits.
 
-    The top bits of a keyed hash of the unit's values where they tell the shard's units apart,
-    which is checked exactly (as many distinct codes as distinct units: then no two units share
-    a code; counted by the compiled pass where `passes` are loaded); else, when two units
-    collide, the unit's dense rank among the shard's units. The hash and the check cost about
-    a third of the rank (a sort of the values) on text ids.
+    Where a keyed hash of the unit's values tells the shard's units apart, which is checked
+    exactly (as many distinct hashes as distinct units: then no two units share a code), its
+    hash's dense number in the shard where the compiled `passes` are loaded (`distinct_codes`),
+    else the hash's top bits; where two units collide, the unit's dense rank among the
+    shard's units. The hash and the check cost about a third of the rank (a sort of the
+    values) on text ids.
     """
     columns = list(units.columns)
     unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
-    top_bits = unit.hash(seed) // pl.lit(1 << (64 - bits), dtype=pl.UInt64)
-    hashed = shard.select(top_bits.cast(pl.Int64).alias(UNIT)).to_series()
     distinct_units = shard.select(unit.n_unique()).item()
-    codes_found = (hashed.n_unique() if passes is None else
-                   passes.count_distinct(hashed.to_numpy(), distinct_codes.slots_for(distinct_units)))
-    if codes_found == distinct_units:
-        return hashed
+    if passes is not None:
+        hashes = shard.select(unit.hash(seed)).to_series().rechunk().to_numpy().view(np.int64)
+        dense = np.empty(hashes.size, np.int64)
+        if passes.dense_codes(hashes, distinct_codes.slots_for(distinct_units), dense) == distinct_units:
+            return pl.Series(UNIT, dense)
+    else:
+        top_bits = unit.hash(seed) // pl.lit(1 << (64 - bits), dtype=pl.UInt64)
+        hashed = shard.select(top_bits.cast(pl.Int64).alias(UNIT)).to_series()
+        if hashed.n_unique() == distinct_units:
+            return hashed
     return shard.select((unit.rank("dense").cast(pl.Int64) - 1).alias(UNIT)).to_series()
 
 

@@ -4,7 +4,7 @@ Loops written by hand where numpy needs a dozen passes over a shard, or is slow 
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
 value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`)
 are `Passes`; a shard's rows' key codes found by their hashes (`key_hashes`) and its distinct
-unit codes counted (`distinct_codes`) are `UnitPasses`, loaded apart and only for units coded
+units coded densely (`distinct_codes`) are `UnitPasses`, loaded apart and only for units coded
 per shard (`codes.ShardUnits`), so other queries do not pay for them. numba compiles them (a
 wheel from the package registry, no compiler on the user's machine) for explicit signatures
 and caches the machine code on disk, so a machine compiles them once; compiled, they release
@@ -40,7 +40,7 @@ UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, fl
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
 FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
-CountDistinct = Callable[[np.ndarray, np.ndarray], int]
+DenseCodes = Callable[[np.ndarray, np.ndarray, np.ndarray], int]
 Compile = Callable[[list[Any], Callable[..., object]], Any]
 R = TypeVar("R")
 
@@ -57,12 +57,12 @@ class Passes:
 @dataclass(frozen=True)
 class UnitPasses:
     """The compiled passes of units coded per shard (`codes.ShardUnits`): `key_hashes.fill_slots`
-    and `find_codes`, and `distinct_codes.count_distinct`. Loaded apart, by queries with such
+    and `find_codes`, and `distinct_codes.dense_codes`. Loaded apart, by queries with such
     units only: each pass adds ~0.1 s of one core to the loading."""
 
     fill_key_slots: FillKeySlots
     find_key_codes: FindKeyCodes
-    count_distinct: CountDistinct
+    dense_codes: DenseCodes
 
 
 _starting = threading.Lock()
@@ -116,7 +116,7 @@ def _passes(compiled: Compile) -> Passes:
 def _unit_passes(compiled: Compile) -> UnitPasses:
     return UnitPasses(compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),
                       compiled(_with_read_only("int64", _key_codes_signature), key_hashes.find_codes),
-                      compiled(_with_read_only("int64", _count_distinct_signature), distinct_codes.count_distinct))
+                      compiled(_with_read_only("int64", _dense_codes_signature), distinct_codes.dense_codes))
 
 
 def _with_read_only(dtype: str, signature: Callable[[Any], Any]) -> list[Any]:
@@ -143,8 +143,8 @@ def _key_codes_signature(hashes: Any) -> Any:
     return types.int64(types.Array(types.int64, 2, "C"), hashes, types.Array(types.int64, 1, "C"), types.int64)
 
 
-def _count_distinct_signature(codes: Any) -> Any:
-    """`distinct_codes.count_distinct`'s signature for these unit codes."""
+def _dense_codes_signature(hashes: Any) -> Any:
+    """`distinct_codes.dense_codes`'s signature for these units' hashes."""
     from numba import types
 
-    return types.int64(codes, types.Array(types.int64, 1, "C"))
+    return types.int64(hashes, types.Array(types.int64, 2, "C"), types.Array(types.int64, 1, "C"))

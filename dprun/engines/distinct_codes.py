@@ -1,11 +1,15 @@
-"""How many distinct codes a shard's rows have, counted in one compiled pass over them.
+"""A shard's units coded densely from their hashes, in one compiled pass over the rows.
 
-`codes.shard_unit_codes` takes a keyed hash's top bits as a shard's unit codes where they
-tell the units apart, which it checks by counting the distinct codes against the distinct
-units. Written by hand, because Polars' `n_unique` of a shard's 2^21 Int64 codes took 29 ms
-where this pass takes ~10: the codes are hash bits already, so their own low bits place
-them in an open-addressing table sized for the shard's units (counted first), which stays
-in cache. Compiled by numba with the sorted path's other passes (`dprun.engines.compiled`).
+`codes.shard_unit_codes` codes a shard's units by a keyed 64-bit hash of their values where
+the hashes tell the units apart, which it checks by counting the distinct hashes against the
+distinct units. This pass does both at once: it numbers the distinct hashes 0, 1, 2, … in the
+order they first come, gives each row its hash's number, and returns how many there are.
+Dense codes are short (a shard's 2^18 units in 18 bits, where the hash's top bits took all
+the bits beside the key's), so the radix sort of the packed codes takes 4 passes, not 7.
+Written by hand, because Polars has no pass that returns both (`rank("dense")` of the hashes
+sorts them, and its `n_unique` of a shard's 2^21 Int64 codes alone took 29 ms); the hashes'
+own low bits place them in an open-addressing table sized for the shard's units (counted
+first). Compiled by numba with the sorted path's other passes (`dprun.engines.compiled`).
 """
 
 from __future__ import annotations
@@ -14,23 +18,31 @@ import numpy as np
 
 
 def slots_for(distinct: int) -> np.ndarray:
-    """An empty table for `count_distinct` of codes with at most `distinct` distinct values: a
+    """An empty table for `dense_codes` of hashes with at most `distinct` distinct values: a
     power of two at least twice that many slots, so that probes stay short."""
-    return np.zeros(1 << max(1, (2 * distinct - 1).bit_length()), np.int64)
+    return np.zeros((1 << max(1, (2 * distinct - 1).bit_length()), 2), np.int64)
 
 
-def count_distinct(codes: np.ndarray, slots: np.ndarray) -> int:
-    """The number of distinct values among `codes` (non-negative), each put in `slots` (empty:
-    zeros, a power of two of them, more than the distinct codes) as code + 1. Run compiled
+def dense_codes(hashes: np.ndarray, slots: np.ndarray, codes: np.ndarray) -> int:
+    """Write into `codes` each row's dense code, the number of its hash among the distinct
+    `hashes` in the order they first come, and return how many distinct hashes there are.
+    `slots` (empty: zeros, a power of two of them, more than the distinct hashes) holds
+    (hash, code + 1), 0 in the second place for a free slot. Run compiled
     (`compiled.UnitPasses`); as Python in tests."""
-    size = slots.size
+    size = slots.shape[0]
     distinct = 0
-    for row in range(codes.size):
-        held_as = codes[row] + 1
-        slot = codes[row] & (size - 1)
-        while slots[slot] != 0 and slots[slot] != held_as:
+    for row in range(hashes.size):
+        found = hashes[row]
+        # A unit's rows often come together (inputs listed by unit): the table only for a new one.
+        if row > 0 and found == hashes[row - 1]:
+            codes[row] = codes[row - 1]
+            continue
+        slot = found & (size - 1)
+        while slots[slot, 1] != 0 and slots[slot, 0] != found:
             slot = (slot + 1) & (size - 1)
-        if slots[slot] == 0:
-            slots[slot] = held_as
+        if slots[slot, 1] == 0:
             distinct += 1
+            slots[slot, 0] = found
+            slots[slot, 1] = distinct
+        codes[row] = slots[slot, 1] - 1
     return distinct

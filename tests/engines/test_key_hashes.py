@@ -14,7 +14,7 @@ from dprun.engines import compiled, distinct_codes, key_hashes
 from dprun.engines.codes import KEY
 from dprun.engines.key_hashes import KeyHashes
 
-PYTHON = compiled.UnitPasses(key_hashes.fill_slots, key_hashes.find_codes, distinct_codes.count_distinct)
+PYTHON = compiled.UnitPasses(key_hashes.fill_slots, key_hashes.find_codes, distinct_codes.dense_codes)
 
 
 def compiled_passes() -> compiled.UnitPasses:

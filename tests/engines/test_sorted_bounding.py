@@ -23,7 +23,7 @@ from engine_specs import output, query, run_ok, write_spec
 
 from dprun import api
 from dprun.engines import codes as codes_module
-from dprun.engines import compiled, key_hashes, shards, sorted_bounding
+from dprun.engines import compiled, distinct_codes, key_hashes, shards, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes, ShardUnits, TableKeys
 from dprun.errors import DataError
 from dprun.spec.input_schema import InputInfo
@@ -411,22 +411,39 @@ def test_every_column_family_releases_the_same_tables_in_small_shards(tmp_path: 
         assert whole.equals(sharded), f"seed={seed}: {name} differs in small shards:\n{whole}\n{sharded}"
 
 
-@pytest.mark.parametrize("compiled_count", [False, True])
+@pytest.mark.parametrize("compiled_codes", [False, True])
 @pytest.mark.parametrize("bits", [40, 4])
-def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_count: bool) -> None:
+def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_codes: bool) -> None:
     """With 40 bits the keyed hash's top bits tell 300 units apart; with 4 bits they cannot (16
-    codes), and the units' dense ranks are used instead: either way one code per unit, whether
-    Polars or the compiled pass counts the codes."""
+    codes), and the units' dense ranks are used instead; the compiled pass numbers the
+    distinct hashes densely whatever the bits: either way one code per unit."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     names = rng.choice([f"id-{i}" for i in range(300)], 5000)
     shard = pl.DataFrame({"uid": names, "day": rng.integers(0, 3, 5000)})
     units = ShardUnits(("uid", "day"))
-    passes = compiled.compiled_unit_passes().result() if compiled_count else None
+    passes = compiled.compiled_unit_passes().result() if compiled_codes else None
     codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64, passes)
     pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
     assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
-    assert int(codes.max()) < 2**bits if bits == 40 else int(codes.max()) == pairs.height - 1, f"seed={seed}"
+    dense = compiled_codes or bits == 4
+    assert int(codes.max()) == pairs.height - 1 if dense else int(codes.max()) < 2**bits, f"seed={seed}"
+
+
+def test_units_whose_hashes_collide_are_coded_by_rank() -> None:
+    """Where the dense pass finds fewer distinct hashes than units (here it sees only each
+    hash's low 4 bits, 16 values for 300 units), the units' dense ranks are their codes."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    shard = pl.DataFrame({"uid": rng.choice([f"id-{i}" for i in range(300)], 5000)})
+
+    def colliding(hashes: np.ndarray, slots: np.ndarray, codes: np.ndarray) -> int:
+        return distinct_codes.dense_codes(hashes & 15, slots, codes)
+
+    passes = compiled.UnitPasses(key_hashes.fill_slots, key_hashes.find_codes, colliding)
+    codes = codes_module.shard_unit_codes(shard, ShardUnits(("uid",)), 40, seed % 2**64, passes)
+    ranks = shard.select(pl.col("uid").rank("dense").cast(pl.Int64) - 1).to_series()
+    assert (codes == ranks).all(), f"seed={seed}"
 
 
 @pytest.mark.parametrize("bits,count", [(1, 2), (7, 48), (20, 3), (24, 48), (31, 500)])
