@@ -1,5 +1,6 @@
 """Fixtures shared by the test folders: a seeded random source for statistical tests, a real
-PostgreSQL server for the shared ledger's tests, and the command's allocator settings.
+PostgreSQL server for the shared ledger's tests, the command's allocator settings, and the
+release card's charts left undrawn outside the tests that look at them.
 
 `seeded` draws a fresh seed from os.urandom for both the data and the noise. The seed is
 printed, recorded as a test property and put in every assertion message by `Seeded.why`;
@@ -10,6 +11,11 @@ folder, started on a free loopback port with password authentication, stopped wh
 session ends. Where the server binaries or psycopg are missing, the tests that need it are
 skipped with the reason. PostgreSQL refuses to run as root, so as root it runs as the
 `postgres` user the package creates.
+
+Writing a chart's SVG (matplotlib's `savefig`) is a tenth of the suite's time, most of it in
+tests of tables that never read a chart. Outside the modules in DRAWN, `card._svg` returns a
+placeholder: the charts' figures are still built, the card still written; the card's own
+tests, and those that feed it hostile text, draw every chart.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dprun import card
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.sampling import RandomSource
 
@@ -36,6 +43,16 @@ POSTGRES_USER = "dprun"
 # The allocator settings `dprun` (the command) runs with: the audits' large numpy arrays are
 # then reused instead of mapped afresh, which halves their kernel time.
 keep_freed_memory()
+
+# Test modules whose runs draw the release card's charts for real.
+DRAWN = frozenset({"test_card", "test_card_helper", "test_fuzz_run", "test_adversarial"})
+PLACEHOLDER_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>'
+
+
+@pytest.fixture(autouse=True)
+def _charts_drawn_only_where_looked_at(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.module.__name__.rpartition(".")[2] not in DRAWN:
+        monkeypatch.setattr(card, "_svg", lambda figure: PLACEHOLDER_SVG)
 
 
 @dataclass(frozen=True)
