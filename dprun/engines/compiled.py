@@ -2,10 +2,11 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`), a
-value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`)
-are `Passes`; a shard's rows' key codes found by their hashes (`key_hashes`) and its distinct
-units coded densely (`distinct_codes`) are `UnitPasses`, loaded apart and only for units coded
-per shard (`codes.ShardUnits`), so other queries do not pay for them. numba compiles them (a
+value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`,
+where it beats numpy's sort on the processor) are `Passes`; a shard's rows' key codes found
+by their hashes (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are
+`UnitPasses`, loaded apart and only for units coded per shard (`codes.ShardUnits`), so other
+queries do not pay for them. numba compiles them (a
 wheel from the package registry, no compiler on the user's machine) for explicit signatures
 and caches the machine code on disk, so a machine compiles them once; compiled, they release
 the GIL and each worker thread bounds its own shard. Loading `Passes` still costs about 0.5 s
@@ -47,11 +48,14 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and `radix_sort.radix_sort`."""
+    """The compiled `light_units.add_light_units`, `pair_units.pair_unit_sums` and
+    `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
+    processor (`radix_sort.beats_numpy`)."""
 
     add_light_units: LightUnits
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
+    radix_beats_numpy: bool
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,10 @@ def _compile(load: Callable[[Compile], R], future: Future[R]) -> None:
 
 
 def _passes(compiled: Compile) -> Passes:
+    sort = compiled([RADIX_SORT], radix_sort.radix_sort)
     return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
                   compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
-                  compiled([RADIX_SORT], radix_sort.radix_sort))
+                  sort, radix_sort.beats_numpy(sort))
 
 
 def _unit_passes(compiled: Compile) -> UnitPasses:

@@ -727,8 +727,8 @@ def _sorted(keys: np.ndarray, low_bit: int, high_bit: int, passes: compiled.Pass
     """Writable keys in 0 .. 2^high_bit − 1 (codes are never negative) sorted by their bits from
     `low_bit` up, equal ones in their order, where the bits below are places or nothing (then
     numpy's sort of the whole keys orders them alike): by the compiled radix sort where it is
-    loaded, else by numpy's, in place."""
-    if passes is not None:
+    loaded and faster on this processor, else by numpy's, in place."""
+    if passes is not None and passes.radix_beats_numpy:
         return passes.radix_sort(keys, np.empty_like(keys), low_bit, high_bit)
     keys.sort()
     return keys

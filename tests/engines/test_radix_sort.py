@@ -59,3 +59,28 @@ def test_radix_sort_of_no_keys_one_key_and_equal_keys(sort: Sort, size: int) -> 
         found = sort(keys.copy(), np.empty_like(keys), 0, int(keys.max()).bit_length() if keys.size else 0)
         assert np.array_equal(found, keys), keys[:3]
 
+
+
+def slow_sort(keys: np.ndarray, scratch: np.ndarray, low_bit: int, high_bit: int) -> np.ndarray:
+    """numpy's sort, three times over: never faster than numpy's sort once."""
+    for _ in range(3):
+        keys.sort()
+        keys[::-1].sort()
+    return keys
+
+
+def no_sort(keys: np.ndarray, scratch: np.ndarray, low_bit: int, high_bit: int) -> np.ndarray:
+    return keys
+
+
+@pytest.mark.parametrize(("sort", "beats"), [(slow_sort, False), (no_sort, True)])
+def test_the_faster_sort_is_chosen(sort: Sort, beats: bool) -> None:
+    assert radix_sort.beats_numpy(sort) is beats
+
+
+def test_timed_keys_are_codes_of_a_shard_in_no_order() -> None:
+    keys = radix_sort._timed_keys()
+    assert keys.size == radix_sort.TIMED_KEYS
+    assert keys.min() >= 0 and int(keys.max()).bit_length() == radix_sort.TIMED_BITS
+    assert np.unique(keys).size > 0.99 * keys.size, "nearly all distinct"
+    assert 0.45 < (np.diff(keys) > 0).mean() < 0.55, "as many rises as falls: not sorted, not reversed"
