@@ -60,9 +60,8 @@ def test_radix_sort_of_no_keys_one_key_and_equal_keys(sort: Sort, size: int) -> 
         assert np.array_equal(found, keys), keys[:3]
 
 
-
 def slow_sort(keys: np.ndarray, scratch: np.ndarray, low_bit: int, high_bit: int) -> np.ndarray:
-    """numpy's sort, three times over: never faster than numpy's sort once."""
+    """numpy's sort of the keys, then five more of them sorted: never faster than numpy's sort once."""
     for _ in range(3):
         keys.sort()
         keys[::-1].sort()
