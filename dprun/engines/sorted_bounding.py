@@ -104,6 +104,23 @@ class _Totals:
                 self.sums[qid].add_wide(_exact_bincount(keys, values[light], self.units.size))
         return heavy
 
+    def add_light_rows(self, codes: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
+                       weights: np.ndarray, loop: compiled.LightRows) -> tuple[np.ndarray, np.ndarray]:
+        """`add_light_units` of a shard whose quantities are all counts, from its rows' sorted
+        `codes` (`light_units.add_light_rows`): a pair's partial is its rows, at most `max_rows`.
+        Returns the heavy units' pairs: their codes and their rows."""
+        # A pair's partial is at most its rows: a shard adds at most its rows to each count.
+        counts = [sums for qid, sums in self.sums.items() if qid != SELECTION_WEIGHTS]
+        for sums in counts:
+            sums.reserve(codes.size)
+        if weights.size:
+            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * codes.size)
+        heavy_codes = np.empty(codes.size, np.int64)
+        heavy_rows = np.empty(codes.size, np.int64)
+        found = loop(codes, key_bits, max_partitions, max_rows, len(counts), weights, self.table, heavy_codes,
+                     heavy_rows)
+        return heavy_codes[:found], heavy_rows[:found]
+
     def _add_light_units_by_numpy(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
                                   partials: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
         _, per_unit = _runs(pair_codes >> key_bits)
@@ -333,30 +350,52 @@ class SortedBounding:
         are returned (the names of those written)."""
         shard, unit_values = packed_rows(load, self.codes, self.seed, self.unit_passes)
         passes = self.compiled.result() if self.compiled is not None else None
-        pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
-                 ) or _pair_sums(self._row_values(shard), passes, carried=self.leaf_columns)
-        del shard
+        key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
+        # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
+        weights = (selection.unit_weights(np.arange(1, min(l0, shard.height) + 1)) if self.weighted
+                   else np.zeros(0, np.int64))
+        if passes is not None and not self.value_columns and not self.leaf_columns:
+            # Counts only: light units are added from the sorted rows, without their pairs.
+            _check_codes(shard)
+            codes = _sorted_codes(shard[PACKED].to_numpy(), passes)
+            del shard
+            heavy_packed, heavy_rows = totals.light.add_light_rows(codes, key_bits, l0, m, weights,
+                                                                   passes.add_light_rows)
+            heavy_partials = {q.id: np.minimum(heavy_rows, m) for q in self.quantities}
+            files = replace(files, light_leaves=None, heavy_leaves=None)
+        else:
+            pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
+                     ) or _pair_sums(self._row_values(shard), passes, carried=self.leaf_columns)
+            del shard
+            heavy_packed, heavy_rows, heavy_partials, files = self._add_light_pairs(pairs, weights, passes,
+                                                                                    totals.light, files)
+        if self.weighted:
+            # A heavy unit's first bounding keeps L0 partitions: each of its pairs weighs w(L0).
+            heavy_partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(np.array([l0])), heavy_rows.size)
+        ranked = self._ranked_heavy(heavy_packed >> key_bits, heavy_packed & ((1 << key_bits) - 1), heavy_rows,
+                                    heavy_partials, unit_values, passes)
+        self._add_kept(totals.first_heavy, ranked, None)
+        if ranked.height == 0:
+            return replace(files, heavy=None)
+        _as_written(ranked, key_bits).write_ipc(files.heavy, compression="uncompressed")
+        return files
+
+    def _add_light_pairs(self, pairs: dict[str, np.ndarray], weights: np.ndarray, passes: compiled.Passes | None,
+                         light: _Totals, files: _ShardOutput
+                         ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], _ShardOutput]:
+        """Adds the light units of a shard's `pairs` (`_pair_sums`, emptied here) to `light` and
+        writes the shard's weighted leaves to `files`; returns its heavy units' pairs (their
+        codes, rows and partials) and `files` (the names of those written)."""
+        key_bits = self.codes.key_bits
+        key_mask = (1 << key_bits) - 1
         leaves = [pairs.pop(column) for column in self.leaf_columns]
         starts = pairs.pop(STARTS)
         pair_packed = pairs.pop(PACKED)
         rows_per_pair = pairs[ROWS]
         partials = {q.id: self._partial(q, pairs) for q in self.quantities}
-        del pairs
-        key_bits, l0 = self.codes.key_bits, self.plan.max_partitions
-        key_mask = (1 << key_bits) - 1
-        # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
-        weights = (selection.unit_weights(np.arange(1, min(l0, pair_packed.size) + 1)) if self.weighted
-                   else np.zeros(0, np.int64))
+        pairs.clear()
         loop = passes.add_light_units if passes is not None else None
-        heavy = totals.light.add_light_units(pair_packed, key_bits, l0, partials, weights, loop)
-        heavy_partials = {qid: values[heavy] for qid, values in partials.items()}
-        if self.weighted:
-            # A heavy unit's first bounding keeps L0 partitions: each of its pairs weighs w(L0).
-            heavy_partials[SELECTION_WEIGHTS] = np.repeat(selection.unit_weights(np.array([l0])), heavy.size)
-        heavy_packed = pair_packed[heavy]
-        ranked = self._ranked_heavy(heavy_packed >> key_bits, heavy_packed & key_mask,
-                                    rows_per_pair[heavy], heavy_partials, unit_values, passes)
-        self._add_kept(totals.first_heavy, ranked, None)
+        heavy = light.add_light_units(pair_packed, key_bits, self.plan.max_partitions, partials, weights, loop)
         if leaves:
             heavy_pairs = np.zeros(pair_packed.size, dtype=bool)
             heavy_pairs[heavy] = True
@@ -367,10 +406,7 @@ class SortedBounding:
             heavy_leaves.write_ipc(files.heavy_leaves, compression="uncompressed")
         else:
             files = replace(files, light_leaves=None, heavy_leaves=None)
-        if ranked.height == 0:
-            return replace(files, heavy=None)
-        _as_written(ranked, self.codes.key_bits).write_ipc(files.heavy, compression="uncompressed")
-        return files
+        return pair_packed[heavy], rows_per_pair[heavy], {qid: values[heavy] for qid, values in partials.items()}, files
 
     def _partial(self, quantity: Quantity, pairs: dict[str, np.ndarray]) -> np.ndarray:
         """Each pair's partial, bounded to max_rows rows' worth (the Spark engine's `_partials` computes the same)."""
@@ -610,10 +646,7 @@ def _pair_sums(shard: pl.DataFrame, passes: compiled.Passes | None, carried: Seq
     _check_codes(shard)
     order: np.ndarray | None = None
     if shard.width == 1:
-        # The lone column of codes, in place where it is a copy already (a shard read from several files).
-        packed = shard[PACKED].to_numpy()
-        packed = _sorted(packed if packed.flags.writeable else packed.copy(), 0,
-                         int(packed.max()).bit_length() if packed.size else 0, passes)
+        packed = _sorted_codes(shard[PACKED].to_numpy(), passes)
     elif (found := _sorted_with_places(shard, passes)) is not None:
         packed, order = found
     else:
@@ -632,6 +665,12 @@ def _pair_sums(shard: pl.DataFrame, passes: compiled.Passes | None, carried: Seq
         else:
             pairs[column] = values[:0].astype(np.int64)
     return pairs
+
+
+def _sorted_codes(packed: np.ndarray, passes: compiled.Passes | None) -> np.ndarray:
+    """A shard's lone column of codes sorted, in place where it is a copy already (a shard read from several files)."""
+    return _sorted(packed if packed.flags.writeable else packed.copy(), 0,
+                   int(packed.max()).bit_length() if packed.size else 0, passes)
 
 
 def _check_codes(shard: pl.DataFrame) -> None:

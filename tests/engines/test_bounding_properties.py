@@ -57,7 +57,10 @@ def random_rows(rng: np.random.Generator, unit_kind: str, key_kind: str, units: 
     return pl.DataFrame(columns).sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**32)))
 
 
-def write_spec(folder: Path, unit_kind: str, key_kind: str, l0: int, m: int) -> Path:
+def write_spec(folder: Path, unit_kind: str, key_kind: str, l0: int, m: int, counts_only: bool) -> Path:
+    """A spec of a count, a count of units and, unless `counts_only`, a sum (counts alone take
+    `light_units.add_light_rows` on the compiled path)."""
+    total = [] if counts_only else [{"name": "total", "kind": "sum", "column": "value", "bounds": [-3, 12]}]
     spec = {
         "version": 1,
         "privacy_unit": UNIT_KINDS[unit_kind],
@@ -66,8 +69,7 @@ def write_spec(folder: Path, unit_kind: str, key_kind: str, l0: int, m: int) -> 
         "queries": [{
             "name": "q", "input": "data", "group_by": KEY_KINDS[key_kind],
             "contribution_bounds": {"max_partitions_contributed": l0, "max_contributions_per_partition": m},
-            "metrics": [{"name": "rows", "kind": "count"}, {"name": "people", "kind": "privacy_id_count"},
-                        {"name": "total", "kind": "sum", "column": "value", "bounds": [-3, 12]}],
+            "metrics": [{"name": "rows", "kind": "count"}, {"name": "people", "kind": "privacy_id_count"}, *total],
             "partitions": {"selection": "gaussian_threshold"},
             "output": {"path": "out/q.parquet"},
         }],
@@ -116,17 +118,18 @@ def engine_sums(frame: pl.DataFrame, keys: list[str]) -> Sums:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**63 - 1), unit_kind=st.sampled_from(sorted(UNIT_KINDS)),
        key_kind=st.sampled_from(sorted(KEY_KINDS)), units=st.integers(1, 40), keys=st.integers(1, 12),
-       l0=st.integers(1, 4), m=st.integers(1, 3), small_shards=st.booleans(), compiled=st.booleans())
+       l0=st.integers(1, 4), m=st.integers(1, 3), small_shards=st.booleans(), compiled=st.booleans(),
+       counts_only=st.booleans())
 def test_bounded_sums_match_a_brute_force_reference(seed: int, unit_kind: str, key_kind: str, units: int,
                                                     keys: int, l0: int, m: int, small_shards: bool,
-                                                    compiled: bool) -> None:
+                                                    compiled: bool, counts_only: bool) -> None:
     rng = np.random.default_rng(seed)
     rows = random_rows(rng, unit_kind, key_kind, units, keys)
     with tempfile.TemporaryDirectory() as folder, mock.patch.object(
             shards, "SHARD_ROWS", 40 if small_shards else shards.SHARD_ROWS), mock.patch.object(
             compiled_passes, "COMPILED_FROM_ROWS", 0 if compiled else compiled_passes.COMPILED_FROM_ROWS):
         rows.write_parquet(Path(folder) / "data.parquet")
-        validated = api.validate(write_spec(Path(folder), unit_kind, key_kind, l0, m))
+        validated = api.validate(write_spec(Path(folder), unit_kind, key_kind, l0, m, counts_only))
         plan = api.plan(validated).queries[0]
         group = list(plan.group_by)
         bounding = polars_engine._bounding(plan, validated.query_inputs["q"], group, (seed, seed), Path(folder))

@@ -1,6 +1,6 @@
-"""The light units' pass (dprun/engines/light_units.py): compiled, as Python, and numpy's passes
-(`sorted_bounding._Totals`) against a brute-force reference; exact sums past int64; small
-inputs never import numba. Seeds come from os.urandom and are part of every assertion message."""
+"""The light units' passes (dprun/engines/light_units.py): compiled, as Python, and numpy's passes
+(`sorted_bounding._Totals`) against a brute-force reference, from pairs and from a count's rows;
+exact sums past int64; small inputs never import numba. Seeds come from os.urandom and are part of every assertion message."""
 
 from __future__ import annotations
 
@@ -80,6 +80,35 @@ def test_the_loop_compiled_as_python_and_numpys_passes_agree_with_a_reference(we
         assert found_heavy.tolist() == heavy, f"seed={seed} case={case}: numpy heavy pairs"
         assert totals.units.tolist() == units, f"seed={seed} case={case}: numpy units"
         assert [totals.sums[qid].total().to_list() for qid in ids] == sums, f"seed={seed} case={case}: numpy sums"
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_rows_pass_compiled_and_as_python_agrees_with_the_pairs_reference(weighted: bool) -> None:
+    """`add_light_rows` from sorted rows: each pair's partials are its rows, at most m; heavy
+    units' pairs come out as their codes and rows, in order."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    compiled = compiled_passes.compiled_passes().result().add_light_rows
+    for case in range(40):
+        max_partitions, key_bits = int(rng.integers(1, 6)), int(rng.integers(3, 12))
+        max_rows, quantities = int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        pair_codes = random_pairs(rng, max_partitions, key_bits)
+        rows_per_pair = rng.integers(1, 6, pair_codes.size)
+        codes = np.repeat(pair_codes, rows_per_pair)
+        partials = np.tile(np.minimum(rows_per_pair, max_rows), (quantities, 1))
+        weights = (rng.integers(1, 2**20, max_partitions + 1) if weighted else np.zeros(0, np.int64))
+        units, sums, heavy = reference(pair_codes, key_bits, max_partitions, weights, partials)
+        assert heavy and len(heavy) < pair_codes.size, f"seed={seed} case={case}: light and heavy units both"
+        assert rows_per_pair.max() > max_rows, f"seed={seed} case={case}: some pairs over m rows"
+        for name, loop in (("compiled", compiled), ("python", light_units.add_light_rows)):
+            table = np.zeros((1 << key_bits, 1 + len(sums)), np.int64)
+            heavy_codes, heavy_rows = np.empty(codes.size, np.int64), np.empty(codes.size, np.int64)
+            found = loop(codes, key_bits, max_partitions, max_rows, quantities, weights, table, heavy_codes,
+                         heavy_rows)
+            assert heavy_codes[:found].tolist() == pair_codes[heavy].tolist(), f"seed={seed} case={case}: {name} heavy"
+            assert heavy_rows[:found].tolist() == rows_per_pair[heavy].tolist(), f"seed={seed} case={case}: {name} rows"
+            assert table[:, 0].tolist() == units, f"seed={seed} case={case}: {name} units"
+            assert table[:, 1:].T.tolist() == sums, f"seed={seed} case={case}: {name} sums"
 
 
 @pytest.mark.parametrize("compiled", [False, True])
