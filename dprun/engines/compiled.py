@@ -2,9 +2,9 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`, and
-`add_light_rows` for counts, from the rows), a value column's units summed per pair
-(`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats numpy's sort on the
-processor) are `Passes`; a shard's rows' key codes found
+from the sorted rows `add_light_rows` for counts, `add_light_values` for sums), a value column's
+units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
+numpy's sort on the processor) are `Passes`; a shard's rows' key codes found
 by their hashes (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are
 `UnitPasses`, loaded apart and only for units coded per shard (`codes.ShardUnits`), so other
 queries do not pay for them. numba compiles them (a wheel from the package registry, no
@@ -39,6 +39,8 @@ FILL_KEY_SLOTS = "void(int64[::1], int64[:, ::1], int64)"
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 LightRows = Callable[[np.ndarray, int, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+LightValues = Callable[[np.ndarray, np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                        np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
@@ -50,12 +52,13 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units` and `add_light_rows`, `pair_units.pair_unit_sums`
-    and `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
+    """The compiled `light_units.add_light_units`, `add_light_rows` and `add_light_values`,
+    `pair_units.pair_unit_sums` and `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
     processor (`radix_sort.beats_numpy`)."""
 
     add_light_units: LightUnits
     add_light_rows: LightRows
+    add_light_values: LightValues
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
     radix_beats_numpy: bool
@@ -118,6 +121,8 @@ def _passes(compiled: Compile) -> Passes:
     sort = compiled([RADIX_SORT], radix_sort.radix_sort)
     return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
                   compiled([LIGHT_ROWS], light_units.add_light_rows),
+                  compiled(_with_read_only("float64", _light_values_signature, dimensions=2),
+                           light_units.add_light_values),
                   compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
                   sort, radix_sort.beats_numpy(sort))
 
@@ -128,13 +133,14 @@ def _unit_passes(compiled: Compile) -> UnitPasses:
                       compiled(_with_read_only("int64", _dense_codes_signature), distinct_codes.dense_codes))
 
 
-def _with_read_only(dtype: str, signature: Callable[[Any], Any]) -> list[Any]:
-    """`signature` of one C-contiguous 1-d array of numba's type `dtype`, writable and read-only
+def _with_read_only(dtype: str, signature: Callable[[Any], Any], dimensions: int = 1) -> list[Any]:
+    """`signature` of one C-contiguous array of numba's type `dtype`, writable and read-only
     (numpy views Polars' memory without a copy where it can), which numba's signature strings
     cannot say."""
     from numba import types
 
-    return [signature(types.Array(getattr(types, dtype), 1, "C", readonly=readonly)) for readonly in (False, True)]
+    return [signature(types.Array(getattr(types, dtype), dimensions, "C", readonly=readonly))
+            for readonly in (False, True)]
 
 
 def _unit_sums_signature(values: Any) -> Any:
@@ -143,6 +149,15 @@ def _unit_sums_signature(values: Any) -> Any:
 
     index = types.Array(types.int64, 1, "C")
     return index(values, index, index, *[types.float64] * 6, types.boolean)
+
+
+def _light_values_signature(values: Any) -> Any:
+    """`light_units.add_light_values`' signature for these value columns (all arrays C-contiguous)."""
+    from numba import types
+
+    index, matrix = types.Array(types.int64, 1, "C"), types.Array(types.int64, 2, "C")
+    return types.int64(index, index, types.int64, types.int64, types.int64, values, matrix,
+                       types.Array(types.float64, 2, "C"), index, matrix, index, index, matrix)
 
 
 def _key_codes_signature(hashes: Any) -> Any:

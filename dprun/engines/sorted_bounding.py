@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from dprun.engines import compiled, pair_units, release_steps, sorted_quantiles
+from dprun.engines import compiled, light_units, pair_units, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
 from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
@@ -120,6 +120,26 @@ class _Totals:
         found = loop(codes, key_bits, max_partitions, max_rows, len(counts), weights, self.table, heavy_codes,
                      heavy_rows)
         return heavy_codes[:found], heavy_rows[:found]
+
+    def add_light_values(self, codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int,
+                         max_rows: int, values: np.ndarray, kinds: np.ndarray, params: np.ndarray,
+                         weights: np.ndarray, most: list[int], loop: compiled.LightValues
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`add_light_rows` where quantities read value columns (`light_units.add_light_values`);
+        `most`: the most units a row adds to each quantity (the caller makes sure a shard's rows
+        times that times max_rows stays below 2^63). Returns the heavy units' pairs: their codes,
+        rows, and partials (a row per quantity)."""
+        # A pair's partial is at most its rows' worth: a shard adds at most its rows times `most`.
+        for qid, units in zip(list(self.sums)[:len(most)], most, strict=True):
+            self.sums[qid].reserve(units * codes.size)
+        if weights.size:
+            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * codes.size)
+        heavy_codes = np.empty(codes.size, np.int64)
+        heavy_rows = np.empty(codes.size, np.int64)
+        heavy_partials = np.empty((len(most), codes.size), np.int64)
+        found = loop(codes, order, key_bits, max_partitions, max_rows, values, kinds, params, weights, self.table,
+                     heavy_codes, heavy_rows, heavy_partials)
+        return heavy_codes[:found], heavy_rows[:found], heavy_partials[:, :found]
 
     def _add_light_units_by_numpy(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
                                   partials: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -332,13 +352,9 @@ class SortedBounding:
         for quantity in self.quantities:
             if quantity.aggregate != "rows":
                 assert quantity.column is not None
-                low, high = row_unit_range(quantity)
-                lower = -math.inf if quantity.lower is None else quantity.lower
-                upper = math.inf if quantity.upper is None else quantity.upper
-                pairs[quantity.id] = passes.pair_unit_sums(
-                    columns[quantity.column], order, starts, float(lower), float(upper), float(quantity.center),
-                    math.ldexp(1.0, -quantity.unit_exponent), float(low), float(high),
-                    quantity.aggregate == "centered_sumsq")
+                lower, upper, center, scale, low, high, squared = _unit_params(quantity)
+                pairs[quantity.id] = passes.pair_unit_sums(columns[quantity.column], order, starts, lower, upper,
+                                                           center, scale, low, high, bool(squared))
         for leaf in self.leaf_columns:
             pairs[leaf] = shard[leaf].to_numpy()[order]
         return pairs
@@ -350,18 +366,15 @@ class SortedBounding:
         are returned (the names of those written)."""
         shard, unit_values = packed_rows(load, self.codes, self.seed, self.unit_passes)
         passes = self.compiled.result() if self.compiled is not None else None
-        key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
+        key_bits, l0 = self.codes.key_bits, self.plan.max_partitions
         # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
         weights = (selection.unit_weights(np.arange(1, min(l0, shard.height) + 1)) if self.weighted
                    else np.zeros(0, np.int64))
-        if passes is not None and not self.value_columns and not self.leaf_columns:
-            # Counts only: light units are added from the sorted rows, without their pairs.
-            _check_codes(shard)
-            codes = _sorted_codes(shard[PACKED].to_numpy(), passes)
+        heavy = (self._add_light_rows(shard, weights, passes, totals.light)
+                 if passes is not None and not self.leaf_columns else None)
+        if heavy is not None:
             del shard
-            heavy_packed, heavy_rows = totals.light.add_light_rows(codes, key_bits, l0, m, weights,
-                                                                   passes.add_light_rows)
-            heavy_partials = {q.id: np.minimum(heavy_rows, m) for q in self.quantities}
+            heavy_packed, heavy_rows, heavy_partials = heavy
             files = replace(files, light_leaves=None, heavy_leaves=None)
         else:
             pairs = (self._value_pair_sums(shard, passes) if passes is not None and self.value_columns else None
@@ -379,6 +392,38 @@ class SortedBounding:
             return replace(files, heavy=None)
         _as_written(ranked, key_bits).write_ipc(files.heavy, compression="uncompressed")
         return files
+
+    def _add_light_rows(self, shard: pl.DataFrame, weights: np.ndarray, passes: compiled.Passes, light: _Totals
+                        ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+        """Adds a shard's light units to `light` straight from its sorted rows, without finding its
+        pairs first (`light_units.add_light_rows`, or `add_light_values` where quantities read
+        value columns); returns its heavy units' pairs: their codes, rows and partials. None where
+        that pass cannot: value columns not all numbers, codes and row places not fitting one Int64
+        together, or a pair's sum times max_rows that could pass Int64."""
+        _check_codes(shard)
+        key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
+        if not self.value_columns:
+            codes = _sorted_codes(shard[PACKED].to_numpy(), passes)
+            heavy_codes, heavy_rows = light.add_light_rows(codes, key_bits, l0, m, weights, passes.add_light_rows)
+            return heavy_codes, heavy_rows, {q.id: np.minimum(heavy_rows, m) for q in self.quantities}
+        # The most units one row adds to each quantity: a pair's sum is at most its rows times that.
+        most = [row_unit_range(q)[1] if q.aggregate != "rows" else 1 for q in self.quantities]
+        if any(shard[c].dtype != pl.Float64 for c in self.value_columns) or max(most) * m * shard.height >= 2**63:
+            return None
+        found = _sorted_with_places(shard, passes)
+        if found is None:
+            return None
+        codes, order = found
+        columns = [np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns]
+        values = columns[0][np.newaxis] if len(columns) == 1 else np.stack(columns)
+        kinds = np.array([(-1 if q.column is None else self.value_columns.index(q.column),
+                           light_units.ROWS_KIND if q.aggregate == "rows" else light_units.VALUE_KIND)
+                          for q in self.quantities], np.int64).reshape(-1, 2)
+        params = np.array([_unit_params(q) for q in self.quantities], np.float64).reshape(-1, 7)
+        heavy_codes, heavy_rows, heavy_partials = light.add_light_values(
+            codes, order, key_bits, l0, m, values, kinds, params, weights, most, passes.add_light_values)
+        return heavy_codes, heavy_rows, {q.id: partials for q, partials in zip(self.quantities, heavy_partials,
+                                                                                strict=True)}
 
     def _add_light_pairs(self, pairs: dict[str, np.ndarray], weights: np.ndarray, passes: compiled.Passes | None,
                          light: _Totals, files: _ShardOutput
@@ -671,6 +716,19 @@ def _sorted_codes(packed: np.ndarray, passes: compiled.Passes | None) -> np.ndar
     """A shard's lone column of codes sorted, in place where it is a copy already (a shard read from several files)."""
     return _sorted(packed if packed.flags.writeable else packed.copy(), 0,
                    int(packed.max()).bit_length() if packed.size else 0, passes)
+
+
+def _unit_params(quantity: Quantity) -> tuple[float, float, float, float, float, float, float]:
+    """How a row's value becomes the quantity's integer units in the compiled passes
+    (`pair_units.pair_unit_sums`' arguments after `starts`, the last 1.0 for squared), as
+    `row_units` computes them; zeros for a count, which reads no value."""
+    if quantity.aggregate == "rows":
+        return (0.0,) * 7
+    low, high = row_unit_range(quantity)
+    lower = -math.inf if quantity.lower is None else quantity.lower
+    upper = math.inf if quantity.upper is None else quantity.upper
+    return (float(lower), float(upper), float(quantity.center), math.ldexp(1.0, -quantity.unit_exponent),
+            float(low), float(high), float(quantity.aggregate == "centered_sumsq"))
 
 
 def _check_codes(shard: pl.DataFrame) -> None:

@@ -14,7 +14,7 @@ import pytest
 from dprun_testing import REPOSITORY, example_copy, fresh_seed, no_ambient_ledger
 
 from dprun.engines import compiled as compiled_passes
-from dprun.engines import light_units, sorted_bounding
+from dprun.engines import light_units, pair_units, sorted_bounding
 from dprun.engines.polars_steps import SELECTION_WEIGHTS
 
 Reference = tuple[list[int], list[list[int]], list[int]]
@@ -109,6 +109,53 @@ def test_the_rows_pass_compiled_and_as_python_agrees_with_the_pairs_reference(we
             assert heavy_rows[:found].tolist() == rows_per_pair[heavy].tolist(), f"seed={seed} case={case}: {name} rows"
             assert table[:, 0].tolist() == units, f"seed={seed} case={case}: {name} units"
             assert table[:, 1:].T.tolist() == sums, f"seed={seed} case={case}: {name} sums"
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_values_pass_compiled_and_as_python_agrees_with_the_pairs_passes(weighted: bool) -> None:
+    """`add_light_values` from sorted rows against `pair_units.pair_unit_sums` per pair, the
+    partials scaled to m rows' worth (`sorted_bounding._partial`) and the pairs' reference: counts
+    of rows and of present values, sums and sums of squares, missing values among them."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    compiled = compiled_passes.compiled_passes().result().add_light_values
+    kinds = np.array([[-1, light_units.ROWS_KIND], [0, light_units.ROWS_KIND], [0, light_units.VALUE_KIND],
+                      [1, light_units.VALUE_KIND]], np.int64)
+    params = np.array([[0.0] * 7, [0.0] * 7, [-5.0, 12.0, 1.0, 4.0, -2.0**20, 2.0**20, 0.0],
+                       [-np.inf, 8.0, 0.5, 2.0, 0.0, 2.0**20, 1.0]])
+    for case in range(40):
+        max_partitions, key_bits, max_rows = int(rng.integers(1, 6)), int(rng.integers(3, 12)), int(rng.integers(1, 4))
+        pair_codes = random_pairs(rng, max_partitions, key_bits)
+        rows_per_pair = rng.integers(1, 7, pair_codes.size)
+        codes = np.repeat(pair_codes, rows_per_pair)
+        order = rng.permutation(codes.size)
+        values = np.round(rng.normal(3, 10, (2, codes.size)), 2)
+        values[rng.random(values.shape) < 0.2] = np.nan
+        starts = np.concatenate([[0], np.cumsum(rows_per_pair)[:-1]])
+        partials = []
+        for quantity, (column, kind) in enumerate(kinds.tolist()):
+            counted = rows_per_pair if column < 0 else np.add.reduceat(~np.isnan(values[column][order]), starts)
+            if kind == light_units.ROWS_KIND:
+                partials.append(np.minimum(counted, max_rows))
+                continue
+            *unit_params, squared = params[quantity].tolist()
+            sums = pair_units.pair_unit_sums(values[column], order, starts, *unit_params, bool(squared))
+            partials.append(np.where(counted > max_rows, sums * max_rows // np.maximum(counted, 1), sums))
+        weights = rng.integers(1, 2**20, max_partitions + 1) if weighted else np.zeros(0, np.int64)
+        units, sums_per_key, heavy = reference(pair_codes, key_bits, max_partitions, weights, np.array(partials))
+        assert heavy and len(heavy) < pair_codes.size, f"seed={seed} case={case}: light and heavy units both"
+        for name, loop in (("compiled", compiled), ("python", light_units.add_light_values)):
+            table = np.zeros((1 << key_bits, 1 + len(sums_per_key)), np.int64)
+            heavy_codes, heavy_rows = np.empty(codes.size, np.int64), np.empty(codes.size, np.int64)
+            heavy_partials = np.empty((len(kinds), codes.size), np.int64)
+            found = loop(codes, order, key_bits, max_partitions, max_rows, values, kinds, params, weights, table,
+                         heavy_codes, heavy_rows, heavy_partials)
+            assert heavy_codes[:found].tolist() == pair_codes[heavy].tolist(), f"seed={seed} case={case}: {name} heavy"
+            assert heavy_rows[:found].tolist() == rows_per_pair[heavy].tolist(), f"seed={seed} case={case}: {name} rows"
+            assert heavy_partials[:, :found].tolist() == np.array(partials)[:, heavy].tolist(), \
+                f"seed={seed} case={case}: {name} heavy partials"
+            assert table[:, 0].tolist() == units, f"seed={seed} case={case}: {name} units"
+            assert table[:, 1:].T.tolist() == sums_per_key, f"seed={seed} case={case}: {name} sums"
 
 
 @pytest.mark.parametrize("compiled", [False, True])
