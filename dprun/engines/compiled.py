@@ -2,8 +2,7 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`, and
-from the sorted rows `add_light_rows` for counts, `add_light_values` for sums), a value column's
-units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
+from the sorted rows `add_light_rows`), a value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
 numpy's sort on the processor) are `Passes`; a shard's rows' key codes found
 by their hashes (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are
 `UnitPasses`, loaded apart and only for units coded per shard (`codes.ShardUnits`), so other
@@ -33,13 +32,11 @@ from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, r
 COMPILED_FROM_ROWS = 2**23
 # The one signature the light units' loop is compiled for: all arrays C-contiguous.
 LIGHT_UNITS = "int64(int64[::1], int64, int64, int64[::1], int64[:, ::1], int64[:, ::1], int64[::1])"
-LIGHT_ROWS = "int64(int64[::1], int64, int64, int64, int64, int64[::1], int64[:, ::1], int64[::1], int64[::1])"
 RADIX_SORT = "int64[::1](int64[::1], int64[::1], int64, int64)"
 FILL_KEY_SLOTS = "void(int64[::1], int64[:, ::1], int64)"
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
-LightRows = Callable[[np.ndarray, int, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
-LightValues = Callable[[np.ndarray, np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+LightRows = Callable[[np.ndarray, np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                         np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
@@ -52,13 +49,12 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units`, `add_light_rows` and `add_light_values`,
-    `pair_units.pair_unit_sums` and `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
+    """The compiled `light_units.add_light_units` and `add_light_rows`, `pair_units.pair_unit_sums`
+    and `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
     processor (`radix_sort.beats_numpy`)."""
 
     add_light_units: LightUnits
     add_light_rows: LightRows
-    add_light_values: LightValues
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
     radix_beats_numpy: bool
@@ -120,9 +116,8 @@ def _compile(load: Callable[[Compile], R], future: Future[R]) -> None:
 def _passes(compiled: Compile) -> Passes:
     sort = compiled([RADIX_SORT], radix_sort.radix_sort)
     return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
-                  compiled([LIGHT_ROWS], light_units.add_light_rows),
-                  compiled(_with_read_only("float64", _light_values_signature, dimensions=2),
-                           light_units.add_light_values),
+                  compiled(_with_read_only("float64", _light_rows_signature, dimensions=2),
+                           light_units.add_light_rows),
                   compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
                   sort, radix_sort.beats_numpy(sort))
 
@@ -151,8 +146,8 @@ def _unit_sums_signature(values: Any) -> Any:
     return index(values, index, index, *[types.float64] * 6, types.boolean)
 
 
-def _light_values_signature(values: Any) -> Any:
-    """`light_units.add_light_values`' signature for these value columns (all arrays C-contiguous)."""
+def _light_rows_signature(values: Any) -> Any:
+    """`light_units.add_light_rows`' signature for these value columns (all arrays C-contiguous)."""
     from numba import types
 
     index, matrix = types.Array(types.int64, 1, "C"), types.Array(types.int64, 2, "C")

@@ -10,13 +10,12 @@ sum): five times the time of this loop compiled for a count, twice for four sums
 Compiled by numba for inputs of `compiled.COMPILED_FROM_ROWS` rows (`dprun.engines.compiled`);
 smaller ones take numpy's passes (`sorted_bounding._Totals`).
 
-Where each pair's partials are its rows (counts only: no value, no quantile), `add_light_rows`
-does the same from the shard's sorted rows, without finding the pairs first: numpy cut the rows
-into pairs in four passes and wrote three arrays of a shard's size that the loop then read back
-(a shard of the Plume data, 2^21 rows: 48 ms after the sort, 29 ms in one pass). Where
-quantities sum a value column, `add_light_values` also computes each pair's units and partials
-as it goes (`pair_units.pair_unit_sums` and `sorted_bounding._partial` did it in passes of their
-own, writing a shard-sized array per quantity that the loop read back).
+Without quantile metrics, `add_light_rows` does the same from the shard's sorted rows, without
+finding the pairs first, and computes each pair's units and partials as it goes: numpy cut the
+rows into pairs in four passes, and `pair_units.pair_unit_sums` and `sorted_bounding._partial`
+wrote arrays of a shard's size per quantity, that the loop then read back (a count's shard of
+the Plume data, 2^21 rows: 48 ms after the sort, 29 ms in one pass; c3's bounding 0.85 of the
+CPU time).
 """
 
 from __future__ import annotations
@@ -63,63 +62,19 @@ def add_light_units(pair_codes: np.ndarray, key_bits: int, max_partitions: int, 
     return heavy_pairs
 
 
-def add_light_rows(codes: np.ndarray, key_bits: int, max_partitions: int, max_rows: int, quantities: int,
-                   weights: np.ndarray, table: np.ndarray, heavy_codes: np.ndarray, heavy_rows: np.ndarray) -> int:
-    """`add_light_units` from a shard's rows: `codes` are the rows' packed codes, sorted, so a
-    pair is a run of equal codes and a unit a run of equal codes above `key_bits` bits.
-
-    Each of the `quantities` partials of a light unit's pair is its rows, at most `max_rows`
-    (a count's partial); a heavy unit's pairs are written, its code into `heavy_codes` and
-    its rows into `heavy_rows` (room for every row), and their number returned.
-    Run compiled (`compiled.Passes`); as Python in tests.
-    """
-    key_mask = (1 << key_bits) - 1
-    weighted = weights.size > 0
-    heavy_pairs = 0
-    start = 0
-    while start < codes.size:
-        unit = codes[start] >> key_bits
-        stop = start + 1
-        pairs = 1
-        while stop < codes.size and codes[stop] >> key_bits == unit:
-            if codes[stop] != codes[stop - 1]:
-                pairs += 1
-            stop += 1
-        heavy = pairs > max_partitions
-        weight = weights[pairs - 1] if weighted and not heavy else 0
-        row = start
-        while row < stop:
-            end = row + 1
-            while end < stop and codes[end] == codes[row]:
-                end += 1
-            if heavy:
-                heavy_codes[heavy_pairs] = codes[row]
-                heavy_rows[heavy_pairs] = end - row
-                heavy_pairs += 1
-            else:
-                key = codes[row] & key_mask
-                table[key, 0] += 1
-                partial = min(end - row, max_rows)
-                for quantity in range(quantities):
-                    table[key, quantity + 1] += partial
-                if weighted:
-                    table[key, quantities + 1] += weight
-            row = end
-        start = stop
-    return heavy_pairs
-
-
-# `add_light_values`' quantity kinds (column 1 of `kinds`).
+# `add_light_rows`' quantity kinds (column 1 of `kinds`).
 ROWS_KIND = 0
 VALUE_KIND = 1
 
 
-def add_light_values(codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
+def add_light_rows(codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
                      values: np.ndarray, kinds: np.ndarray, params: np.ndarray, weights: np.ndarray,
                      table: np.ndarray, heavy_codes: np.ndarray, heavy_rows: np.ndarray,
                      heavy_partials: np.ndarray) -> int:
-    """`add_light_rows` where quantities read value columns: row i in sorted order has the code
-    `codes[i]` and its values at place `order[i]` of each row of `values` (a missing one NaN).
+    """`add_light_units` from a shard's rows: row i in sorted order has the packed code
+    `codes[i]` and its values at place `order[i]` of each row of `values` (a missing one NaN;
+    no row, and `order` unread, where no quantity reads a value), so a pair is a run of equal
+    codes and a unit a run of equal codes above `key_bits` bits.
 
     Quantity q reads the value column `kinds[q, 0]` (-1: none). A ROWS_KIND quantity's partial
     is the pair's rows with a value (all its rows without a column), at most `max_rows`; a
@@ -127,7 +82,8 @@ def add_light_values(codes: np.ndarray, order: np.ndarray, key_bits: int, max_pa
     computes them from `params[q]` (its arguments after `starts`), scaled to `max_rows` rows'
     worth where the pair has more values: ⌊sum · max_rows / values⌋, as `sorted_bounding._partial`
     (the caller makes sure the product fits int64). A heavy unit's pairs' partials go to
-    `heavy_partials[q]`. Run compiled (`compiled.Passes`); as Python in tests.
+    `heavy_partials[q]`, its codes to `heavy_codes` and its rows to `heavy_rows` (room for every
+    row), and their number is returned. Run compiled (`compiled.Passes`); as Python in tests.
     """
     key_mask = (1 << key_bits) - 1
     weighted = weights.size > 0
@@ -159,13 +115,12 @@ def add_light_values(codes: np.ndarray, order: np.ndarray, key_bits: int, max_pa
                 sums[quantity] = 0
             end = row
             while end < stop and codes[end] == code:
-                place = order[end]
                 for quantity in range(quantities):
                     column = column_of[quantity]
                     if column < 0:
                         counts[quantity] += 1
                         continue
-                    value = values[column, place]
+                    value = values[column, order[end]]
                     if value != value:
                         continue
                     counts[quantity] += 1

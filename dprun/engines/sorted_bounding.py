@@ -104,31 +104,14 @@ class _Totals:
                 self.sums[qid].add_wide(_exact_bincount(keys, values[light], self.units.size))
         return heavy
 
-    def add_light_rows(self, codes: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
-                       weights: np.ndarray, loop: compiled.LightRows) -> tuple[np.ndarray, np.ndarray]:
-        """`add_light_units` of a shard whose quantities are all counts, from its rows' sorted
-        `codes` (`light_units.add_light_rows`): a pair's partial is its rows, at most `max_rows`.
-        Returns the heavy units' pairs: their codes and their rows."""
-        # A pair's partial is at most its rows: a shard adds at most its rows to each count.
-        counts = [sums for qid, sums in self.sums.items() if qid != SELECTION_WEIGHTS]
-        for sums in counts:
-            sums.reserve(codes.size)
-        if weights.size:
-            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * codes.size)
-        heavy_codes = np.empty(codes.size, np.int64)
-        heavy_rows = np.empty(codes.size, np.int64)
-        found = loop(codes, key_bits, max_partitions, max_rows, len(counts), weights, self.table, heavy_codes,
-                     heavy_rows)
-        return heavy_codes[:found], heavy_rows[:found]
-
-    def add_light_values(self, codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int,
-                         max_rows: int, values: np.ndarray, kinds: np.ndarray, params: np.ndarray,
-                         weights: np.ndarray, most: list[int], loop: compiled.LightValues
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`add_light_rows` where quantities read value columns (`light_units.add_light_values`);
-        `most`: the most units a row adds to each quantity (the caller makes sure a shard's rows
-        times that times max_rows stays below 2^63). Returns the heavy units' pairs: their codes,
-        rows, and partials (a row per quantity)."""
+    def add_light_rows(self, codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int,
+                       max_rows: int, values: np.ndarray, kinds: np.ndarray, params: np.ndarray,
+                       weights: np.ndarray, most: list[int], loop: compiled.LightRows
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`add_light_units` from a shard's rows' sorted `codes`, their places `order` and their
+        `values` (`light_units.add_light_rows`); `most`: the most units a row adds to each quantity
+        (the caller makes sure a shard's rows times that times max_rows stays below 2^63).
+        Returns the heavy units' pairs: their codes, rows, and partials (a row per quantity)."""
         # A pair's partial is at most its rows' worth: a shard adds at most its rows times `most`.
         for qid, units in zip(list(self.sums)[:len(most)], most, strict=True):
             self.sums[qid].reserve(units * codes.size)
@@ -396,32 +379,31 @@ class SortedBounding:
     def _add_light_rows(self, shard: pl.DataFrame, weights: np.ndarray, passes: compiled.Passes, light: _Totals
                         ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
         """Adds a shard's light units to `light` straight from its sorted rows, without finding its
-        pairs first (`light_units.add_light_rows`, or `add_light_values` where quantities read
-        value columns); returns its heavy units' pairs: their codes, rows and partials. None where
-        that pass cannot: value columns not all numbers, codes and row places not fitting one Int64
-        together, or a pair's sum times max_rows that could pass Int64."""
+        pairs first (`light_units.add_light_rows`); returns its heavy units' pairs: their codes,
+        rows and partials. None where that pass cannot: value columns not all numbers, codes and
+        row places not fitting one Int64 together, or a pair's sum times max_rows that could pass Int64."""
         _check_codes(shard)
         key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
-        if not self.value_columns:
-            codes = _sorted_codes(shard[PACKED].to_numpy(), passes)
-            heavy_codes, heavy_rows = light.add_light_rows(codes, key_bits, l0, m, weights, passes.add_light_rows)
-            return heavy_codes, heavy_rows, {q.id: np.minimum(heavy_rows, m) for q in self.quantities}
         # The most units one row adds to each quantity: a pair's sum is at most its rows times that.
         most = [row_unit_range(q)[1] if q.aggregate != "rows" else 1 for q in self.quantities]
-        if any(shard[c].dtype != pl.Float64 for c in self.value_columns) or max(most) * m * shard.height >= 2**63:
+        if not self.value_columns:
+            # Counts only: the codes alone are sorted, and no value is read.
+            codes = order = _sorted_codes(shard[PACKED].to_numpy(), passes)
+            values = np.zeros((0, codes.size))
+        elif any(shard[c].dtype != pl.Float64 for c in self.value_columns) or max(most) * m * shard.height >= 2**63:
             return None
-        found = _sorted_with_places(shard, passes)
-        if found is None:
+        elif (found := _sorted_with_places(shard, passes)) is None:
             return None
-        codes, order = found
-        columns = [np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns]
-        values = columns[0][np.newaxis] if len(columns) == 1 else np.stack(columns)
+        else:
+            codes, order = found
+            columns = [np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns]
+            values = columns[0][np.newaxis] if len(columns) == 1 else np.stack(columns)
         kinds = np.array([(-1 if q.column is None else self.value_columns.index(q.column),
                            light_units.ROWS_KIND if q.aggregate == "rows" else light_units.VALUE_KIND)
                           for q in self.quantities], np.int64).reshape(-1, 2)
         params = np.array([_unit_params(q) for q in self.quantities], np.float64).reshape(-1, 7)
-        heavy_codes, heavy_rows, heavy_partials = light.add_light_values(
-            codes, order, key_bits, l0, m, values, kinds, params, weights, most, passes.add_light_values)
+        heavy_codes, heavy_rows, heavy_partials = light.add_light_rows(
+            codes, order, key_bits, l0, m, values, kinds, params, weights, most, passes.add_light_rows)
         return heavy_codes, heavy_rows, {q.id: partials for q, partials in zip(self.quantities, heavy_partials,
                                                                                 strict=True)}
 

@@ -58,8 +58,8 @@ def random_rows(rng: np.random.Generator, unit_kind: str, key_kind: str, units: 
 
 
 def write_spec(folder: Path, unit_kind: str, key_kind: str, l0: int, m: int, counts_only: bool) -> Path:
-    """A spec of a count, a count of units and, unless `counts_only`, a sum (counts alone take
-    `light_units.add_light_rows` on the compiled path)."""
+    """A spec of a count, a count of units and, unless `counts_only`, a sum (counts alone sort
+    the codes without their places, and read no value)."""
     total = [] if counts_only else [{"name": "total", "kind": "sum", "column": "value", "bounds": [-3, 12]}]
     spec = {
         "version": 1,

@@ -83,9 +83,9 @@ def test_the_loop_compiled_as_python_and_numpys_passes_agree_with_a_reference(we
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_the_rows_pass_compiled_and_as_python_agrees_with_the_pairs_reference(weighted: bool) -> None:
-    """`add_light_rows` from sorted rows: each pair's partials are its rows, at most m; heavy
-    units' pairs come out as their codes and rows, in order."""
+def test_the_rows_pass_of_counts_compiled_and_as_python_agrees_with_the_pairs_reference(weighted: bool) -> None:
+    """`add_light_rows` from sorted rows without values: each pair's partials are its rows, at
+    most m; heavy units' pairs come out as their codes, rows and partials, in order."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     compiled = compiled_passes.compiled_passes().result().add_light_rows
@@ -100,25 +100,29 @@ def test_the_rows_pass_compiled_and_as_python_agrees_with_the_pairs_reference(we
         units, sums, heavy = reference(pair_codes, key_bits, max_partitions, weights, partials)
         assert heavy and len(heavy) < pair_codes.size, f"seed={seed} case={case}: light and heavy units both"
         assert rows_per_pair.max() > max_rows, f"seed={seed} case={case}: some pairs over m rows"
+        kinds = np.tile(np.array([-1, light_units.ROWS_KIND], np.int64), (quantities, 1))
         for name, loop in (("compiled", compiled), ("python", light_units.add_light_rows)):
             table = np.zeros((1 << key_bits, 1 + len(sums)), np.int64)
             heavy_codes, heavy_rows = np.empty(codes.size, np.int64), np.empty(codes.size, np.int64)
-            found = loop(codes, key_bits, max_partitions, max_rows, quantities, weights, table, heavy_codes,
-                         heavy_rows)
+            heavy_partials = np.empty((quantities, codes.size), np.int64)
+            found = loop(codes, codes, key_bits, max_partitions, max_rows, np.zeros((0, codes.size)), kinds,
+                         np.zeros((quantities, 7)), weights, table, heavy_codes, heavy_rows, heavy_partials)
             assert heavy_codes[:found].tolist() == pair_codes[heavy].tolist(), f"seed={seed} case={case}: {name} heavy"
             assert heavy_rows[:found].tolist() == rows_per_pair[heavy].tolist(), f"seed={seed} case={case}: {name} rows"
+            assert heavy_partials[:, :found].tolist() == partials[:, heavy].tolist(), \
+                f"seed={seed} case={case}: {name} heavy partials"
             assert table[:, 0].tolist() == units, f"seed={seed} case={case}: {name} units"
             assert table[:, 1:].T.tolist() == sums, f"seed={seed} case={case}: {name} sums"
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_the_values_pass_compiled_and_as_python_agrees_with_the_pairs_passes(weighted: bool) -> None:
-    """`add_light_values` from sorted rows against `pair_units.pair_unit_sums` per pair, the
+def test_the_rows_pass_of_values_compiled_and_as_python_agrees_with_the_pairs_passes(weighted: bool) -> None:
+    """`add_light_rows` from sorted rows against `pair_units.pair_unit_sums` per pair, the
     partials scaled to m rows' worth (`sorted_bounding._partial`) and the pairs' reference: counts
     of rows and of present values, sums and sums of squares, missing values among them."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    compiled = compiled_passes.compiled_passes().result().add_light_values
+    compiled = compiled_passes.compiled_passes().result().add_light_rows
     kinds = np.array([[-1, light_units.ROWS_KIND], [0, light_units.ROWS_KIND], [0, light_units.VALUE_KIND],
                       [1, light_units.VALUE_KIND]], np.int64)
     params = np.array([[0.0] * 7, [0.0] * 7, [-5.0, 12.0, 1.0, 4.0, -2.0**20, 2.0**20, 0.0],
@@ -144,7 +148,7 @@ def test_the_values_pass_compiled_and_as_python_agrees_with_the_pairs_passes(wei
         weights = rng.integers(1, 2**20, max_partitions + 1) if weighted else np.zeros(0, np.int64)
         units, sums_per_key, heavy = reference(pair_codes, key_bits, max_partitions, weights, np.array(partials))
         assert heavy and len(heavy) < pair_codes.size, f"seed={seed} case={case}: light and heavy units both"
-        for name, loop in (("compiled", compiled), ("python", light_units.add_light_values)):
+        for name, loop in (("compiled", compiled), ("python", light_units.add_light_rows)):
             table = np.zeros((1 << key_bits, 1 + len(sums_per_key)), np.int64)
             heavy_codes, heavy_rows = np.empty(codes.size, np.int64), np.empty(codes.size, np.int64)
             heavy_partials = np.empty((len(kinds), codes.size), np.int64)
