@@ -2,8 +2,9 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`, and
-from the sorted rows `add_light_rows`), a value column's units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
-numpy's sort on the processor) are `Passes`; a shard's rows' key codes found
+from the sorted rows `add_light_rows`), a value column's units summed per pair (`pair_units`)
+and the shard's codes sorted (`radix_sort`, where it beats numpy's sort on the processor) are
+`Passes`; a shard's rows' key codes found
 by their hashes (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are
 `UnitPasses`, loaded apart and only for units coded per shard (`codes.ShardUnits`), so other
 queries do not pay for them. numba compiles them (a wheel from the package registry, no
@@ -37,7 +38,7 @@ FILL_KEY_SLOTS = "void(int64[::1], int64[:, ::1], int64)"
 
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 LightRows = Callable[[np.ndarray, np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                        np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+                      np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]

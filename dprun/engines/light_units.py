@@ -68,9 +68,9 @@ VALUE_KIND = 1
 
 
 def add_light_rows(codes: np.ndarray, order: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
-                     values: np.ndarray, kinds: np.ndarray, params: np.ndarray, weights: np.ndarray,
-                     table: np.ndarray, heavy_codes: np.ndarray, heavy_rows: np.ndarray,
-                     heavy_partials: np.ndarray) -> int:
+                   values: np.ndarray, kinds: np.ndarray, params: np.ndarray, weights: np.ndarray,
+                   table: np.ndarray, heavy_codes: np.ndarray, heavy_rows: np.ndarray,
+                   heavy_partials: np.ndarray) -> int:
     """`add_light_units` from a shard's rows: row i in sorted order has the packed code
     `codes[i]` and its values at place `order[i]` of each row of `values` (a missing one NaN;
     no row, and `order` unread, where no quantity reads a value), so a pair is a run of equal
