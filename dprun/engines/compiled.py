@@ -115,6 +115,7 @@ def _compile(load: Callable[[Compile], R], future: Future[R]) -> None:
 
 
 def _passes(compiled: Compile) -> Passes:
+    light_units.compile_helpers()
     sort = compiled([RADIX_SORT], radix_sort.radix_sort)
     return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
                   compiled(_with_read_only("float64", _light_rows_signature, dimensions=2),
