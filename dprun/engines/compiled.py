@@ -1,16 +1,15 @@
 """The compiled passes of the sorted path, loaded by numba for large inputs.
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
-processors (each module says why): the light units' totals (`light_units.add_light_units`, and
-from the sorted rows `add_light_rows`), a value column's units summed per pair (`pair_units`)
-and the shard's codes sorted (`radix_sort`, where it beats numpy's sort on the processor) are
-`Passes`; a shard's rows' key codes found
-by their hashes (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are
-`UnitPasses`, loaded apart and only for units coded per shard (`codes.ShardUnits`), so other
-queries do not pay for them. numba compiles them (a wheel from the package registry, no
-compiler on the user's machine) for explicit signatures and caches the machine code on disk,
-so a machine compiles them once; compiled, they release the GIL and each worker thread bounds
-its own shard. Loading `Passes` still costs about 0.5 s of one core (numba's import, then its
+processors (each module says why): the light units' totals (`light_units.add_light_units`, from
+the sorted rows `add_light_rows`, and from rows in unit order `add_light_runs`), a value column's
+units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
+numpy's sort on the processor) are `Passes`; a shard's rows' key codes found by their hashes
+(`key_hashes`) and its distinct units coded densely (`distinct_codes`) are `UnitPasses`, loaded
+apart and only for units coded per shard (`codes.ShardUnits`), so other queries do not pay for
+them. numba compiles them (a wheel from the package registry, no compiler on the user's
+machine) for explicit signatures and caches the machine code on disk, so a machine compiles
+them once; compiled, they release the GIL and each worker thread bounds its own shard. Loading `Passes` still costs about 0.5 s of one core (numba's import, then its
 code generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread
 while the shards are read; smaller ones take numpy's and Polars' passes.
 """
@@ -39,6 +38,8 @@ FILL_KEY_SLOTS = "void(int64[::1], int64[:, ::1], int64)"
 LightUnits = Callable[[np.ndarray, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 LightRows = Callable[[np.ndarray, np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                       np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
+LightRuns = Callable[[np.ndarray, int, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                     np.ndarray], int]
 UnitSums = Callable[[np.ndarray, np.ndarray, np.ndarray, float, float, float, float, float, float, bool], np.ndarray]
 RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
@@ -50,12 +51,13 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Passes:
-    """The compiled `light_units.add_light_units` and `add_light_rows`, `pair_units.pair_unit_sums`
-    and `radix_sort.radix_sort`, and whether the radix sort is faster than numpy's on this
-    processor (`radix_sort.beats_numpy`)."""
+    """The compiled `light_units.add_light_units`, `add_light_rows` and `add_light_runs`,
+    `pair_units.pair_unit_sums` and `radix_sort.radix_sort`, and whether the radix sort is faster
+    than numpy's on this processor (`radix_sort.beats_numpy`)."""
 
     add_light_units: LightUnits
     add_light_rows: LightRows
+    add_light_runs: LightRuns
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
     radix_beats_numpy: bool
@@ -120,6 +122,7 @@ def _passes(compiled: Compile) -> Passes:
     return Passes(compiled([LIGHT_UNITS], light_units.add_light_units),
                   compiled(_with_read_only("float64", _light_rows_signature, dimensions=2),
                            light_units.add_light_rows),
+                  compiled([_light_runs_signature()], light_units.add_light_runs),
                   compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
                   sort, radix_sort.beats_numpy(sort))
 
@@ -155,6 +158,19 @@ def _light_rows_signature(values: Any) -> Any:
     index, matrix = types.Array(types.int64, 1, "C"), types.Array(types.int64, 2, "C")
     return types.int64(index, index, types.int64, types.int64, types.int64, values, matrix,
                        types.Array(types.float64, 2, "C"), index, matrix, index, index, matrix)
+
+
+def _light_runs_signature() -> Any:
+    """`light_units.add_light_runs`' signature. Its inputs are typed read-only: writable arrays
+    (a shard's own copies) are passed to it as well, without a second signature."""
+    from numba import types
+
+    def array(dtype: Any, dimensions: int, readonly: bool) -> Any:
+        return types.Array(dtype, dimensions, "C", readonly=readonly)
+
+    return types.int64(array(types.int64, 1, True), types.int64, types.int64, types.int64,
+                       array(types.float64, 2, True), array(types.int64, 2, True), array(types.float64, 2, True),
+                       array(types.int64, 1, True), array(types.int64, 2, False), array(types.int64, 1, False))
 
 
 def _key_codes_signature(hashes: Any) -> Any:

@@ -17,9 +17,14 @@ wrote arrays of a shard's size per quantity, that the loop then read back (a cou
 the Plume data, 2^21 rows: 48 ms after the sort, 29 ms in one pass; c3's bounding 0.85 of the
 CPU time).
 
+Where a shard's rows are in unit order (row groups of an input written in order of its unit),
+`add_light_runs` does the same without sorting them, finding each unit's pairs in a small table
+of its codes; only the heavy units' rows are then sorted, for `add_light_rows`.
+
 The per-key table is far larger than the processor's caches (10^6 keys), and the writes into it
-bound both loops: each asks for a pair's row as it first meets the pair, while it counts the
-unit's pairs, and writes to it only after (`prefetch_row`).
+bound these loops: each asks for a pair's row as it first meets the pair, while it counts the
+unit's pairs, and writes to it only after (`prefetch_row`). The loops share small helpers
+(`value_units`, `pair_partial`), compiled into them (`compile_helpers`).
 """
 
 from __future__ import annotations
@@ -97,10 +102,7 @@ def add_light_rows(codes: np.ndarray, order: np.ndarray, key_bits: int, max_part
     key_mask = (1 << key_bits) - 1
     weighted = weights.size > 0
     quantities = kinds.shape[0]
-    # Each quantity's parameters as arrays of their own (a fifth of the loop's time as matrices).
-    column_of, is_value = kinds[:, 0].copy(), kinds[:, 1].copy()
-    lower, upper, center, scale = params[:, 0].copy(), params[:, 1].copy(), params[:, 2].copy(), params[:, 3].copy()
-    low, high, squared = params[:, 4].copy(), params[:, 5].copy(), params[:, 6].copy()
+    column_of, kind, lower, upper, center, scale, low, high, squared = quantity_arrays(kinds, params)
     # A pair's rows with a value of each quantity's column (all its rows without one), and its units.
     counts = np.zeros(quantities, np.int64)
     sums = np.zeros(quantities, np.int64)
@@ -121,52 +123,158 @@ def add_light_rows(codes: np.ndarray, order: np.ndarray, key_bits: int, max_part
         row = start
         while row < stop:
             code = codes[row]
-            for quantity in range(quantities):
-                counts[quantity] = 0
-                sums[quantity] = 0
+            for q in range(quantities):
+                counts[q] = 0
+                sums[q] = 0
             end = row
             while end < stop and codes[end] == code:
-                for quantity in range(quantities):
-                    column = column_of[quantity]
+                place = order[end]
+                for q in range(quantities):
+                    column = column_of[q]
                     if column < 0:
-                        counts[quantity] += 1
-                        continue
-                    value = values[column, order[end]]
-                    if value != value:
-                        continue
-                    counts[quantity] += 1
-                    if is_value[quantity] == VALUE_KIND:
-                        value = min(max(value, lower[quantity]), upper[quantity]) - center[quantity]
-                        if squared[quantity] != 0.0:
-                            value = value * value
-                        scaled = np.round(value * scale[quantity])
-                        sums[quantity] += int(min(max(scaled, low[quantity]), high[quantity]))
+                        counts[q] += 1
+                    elif values[column, place] == values[column, place]:  # not NaN: a value
+                        counts[q] += 1
+                        if kind[q] == VALUE_KIND:
+                            sums[q] += value_units(values[column, place], lower[q], upper[q], center[q], scale[q],
+                                                   low[q], high[q], squared[q])
                 end += 1
-            key = code & key_mask
             if heavy:
                 heavy_codes[heavy_pairs] = code
                 heavy_rows[heavy_pairs] = end - row
-            else:
-                table[key, 0] += 1
-            for quantity in range(quantities):
-                counted = counts[quantity]
-                if is_value[quantity] == ROWS_KIND:
-                    partial = min(counted, max_rows)
-                elif counted > max_rows:
-                    partial = sums[quantity] * max_rows // counted
-                else:
-                    partial = sums[quantity]
-                if heavy:
-                    heavy_partials[quantity, heavy_pairs] = partial
-                else:
-                    table[key, quantity + 1] += partial
-            if heavy:
+                for q in range(quantities):
+                    heavy_partials[q, heavy_pairs] = pair_partial(kind[q], counts[q], sums[q], max_rows)
                 heavy_pairs += 1
-            elif weighted:
-                table[key, quantities + 1] += weight
+            else:
+                key = code & key_mask
+                table[key, 0] += 1
+                for q in range(quantities):
+                    table[key, q + 1] += pair_partial(kind[q], counts[q], sums[q], max_rows)
+                if weighted:
+                    table[key, quantities + 1] += weight
             row = end
         start = stop
     return heavy_pairs
+
+
+def add_light_runs(codes: np.ndarray, key_bits: int, max_partitions: int, max_rows: int, values: np.ndarray,
+                   kinds: np.ndarray, params: np.ndarray, weights: np.ndarray, table: np.ndarray,
+                   heavy_places: np.ndarray) -> int:
+    """`add_light_rows` from a shard's rows in their own order, where each unit's rows come
+    together: row i has the code `codes[i]` and its values at place i of each row of `values`.
+    Returns -1, `table` untouched, where a unit's code is below the row before's (the rows are
+    not in unit order); else adds the light units and returns how many rows the heavy units
+    have, whose places it writes into `heavy_places` (room for every row), in order.
+
+    A unit's pairs are found by a table of its codes (open addressing, at most L0 of them):
+    no sort. Shards that are runs of row groups of an input written in order of its unit are
+    in unit order (the footers say so of the row groups, this pass checks the rows); sorting
+    them took a third of a count's bounding. Run compiled (`compiled.Passes`); as Python in tests.
+    """
+    # Without an early exit, so that the compiler vectorises the check.
+    decreases = 0
+    for row in range(1, codes.size):
+        decreases += codes[row] >> key_bits < codes[row - 1] >> key_bits
+    if decreases:
+        return -1
+    key_mask = (1 << key_bits) - 1
+    weighted = weights.size > 0
+    quantities = kinds.shape[0]
+    column_of, kind, lower, upper, center, scale, low, high, squared = quantity_arrays(kinds, params)
+    # A unit's pairs fill at most half the slots, so a search always ends at a free one.
+    slot_bits = 4
+    while 1 << slot_bits < 2 * max_partitions:
+        slot_bits += 1
+    slot_mask = (1 << slot_bits) - 1
+    slot_codes = np.full(1 << slot_bits, -1, np.int64)
+    # Each slot's pair's rows with a value of each quantity's column, and its units (as `add_light_rows`).
+    counts = np.zeros((1 << slot_bits, quantities), np.int64)
+    sums = np.zeros((1 << slot_bits, quantities), np.int64)
+    used = np.empty(max_partitions, np.int64)
+    heavy_rows = 0
+    start = 0
+    while start < codes.size:
+        unit = codes[start] >> key_bits
+        pairs = 0
+        row = start
+        while row < codes.size and codes[row] >> key_bits == unit:
+            code = codes[row]
+            slot = key_slot(code & key_mask, slot_bits)
+            while slot_codes[slot] >= 0 and slot_codes[slot] != code:
+                slot = (slot + 1) & slot_mask
+            if slot_codes[slot] < 0:
+                if pairs == max_partitions:
+                    break
+                slot_codes[slot] = code
+                used[pairs] = slot
+                pairs += 1
+                prefetch_row(table, code & key_mask)
+                for q in range(quantities):
+                    counts[slot, q] = 0
+                    sums[slot, q] = 0
+            for q in range(quantities):
+                column = column_of[q]
+                if column < 0:
+                    counts[slot, q] += 1
+                elif values[column, row] == values[column, row]:  # not NaN: a value
+                    counts[slot, q] += 1
+                    if kind[q] == VALUE_KIND:
+                        sums[slot, q] += value_units(values[column, row], lower[q], upper[q], center[q], scale[q],
+                                                     low[q], high[q], squared[q])
+            row += 1
+        if row < codes.size and codes[row] >> key_bits == unit:
+            # One pair more than L0: a heavy unit, whose rows are ranked apart.
+            while row < codes.size and codes[row] >> key_bits == unit:
+                row += 1
+            for place in range(start, row):
+                heavy_places[heavy_rows] = place
+                heavy_rows += 1
+        else:
+            weight = weights[pairs - 1] if weighted else 0
+            for pair in range(pairs):
+                slot = used[pair]
+                key = slot_codes[slot] & key_mask
+                table[key, 0] += 1
+                for q in range(quantities):
+                    table[key, q + 1] += pair_partial(kind[q], counts[slot, q], sums[slot, q], max_rows)
+                if weighted:
+                    table[key, quantities + 1] += weight
+        for pair in range(pairs):
+            slot_codes[used[pair]] = -1
+        start = row
+    return heavy_rows
+
+
+def quantity_arrays(kinds: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each quantity's value column and kind, and its `params`, as arrays of their own (a fifth of
+    the passes' time as matrices)."""
+    return (kinds[:, 0].copy(), kinds[:, 1].copy(), params[:, 0].copy(), params[:, 1].copy(), params[:, 2].copy(),
+            params[:, 3].copy(), params[:, 4].copy(), params[:, 5].copy(), params[:, 6].copy())
+
+
+def value_units(value: float, lower: float, upper: float, center: float, scale: float, low: float, high: float,
+                squared: float) -> int:
+    """A present value's units, as `pair_units.pair_unit_sums` adds them (its arguments after `starts`)."""
+    value = min(max(value, lower), upper) - center
+    if squared != 0.0:
+        value = value * value
+    return int(min(max(np.round(value * scale), low), high))
+
+
+def pair_partial(kind: int, counted: int, summed: int, max_rows: int) -> int:
+    """A pair's partial from its rows with a value and their units (`add_light_rows`)."""
+    if kind == ROWS_KIND:
+        return min(counted, max_rows)
+    if counted > max_rows:
+        return summed * max_rows // counted
+    return summed
+
+
+def key_slot(key: int, slot_bits: int) -> int:
+    """A key code's first slot of 2^slot_bits (`add_light_runs`): Fibonacci hashing of its low 32
+    bits xored with its high ones, in int64 without overflow (for numpy's scalars too)."""
+    folded = (key ^ (key >> 32)) & 0xFFFFFFFF
+    return ((folded * 0x61C88647) & 0xFFFFFFFF) >> (32 - slot_bits)
 
 
 def prefetch_row(table: np.ndarray, row: int) -> None:
@@ -179,17 +287,19 @@ def prefetch_row(table: np.ndarray, row: int) -> None:
 
 @functools.cache
 def compile_helpers() -> None:
-    """Give `prefetch_row` its compiled form, before `dprun.engines.compiled` compiles the passes
-    that call it. Here, not there: numba's cache of a compiled pass is redone when the pass's own
-    source file changes, so what the passes compile in must be in this file.
+    """Give `prefetch_row` its compiled form, and the other helpers theirs (inlined where
+    called: a call that passes arrays costs their reference counts), before
+    `dprun.engines.compiled` compiles the passes that call them. Here, not there: numba's cache
+    of a compiled pass is redone when the pass's own source file changes, so what the passes
+    compile in must be in this file.
 
-    Written against numba's extension API (`intrinsic`, `overload`): numba has no prefetch of its
-    own, and LLVM's `llvm.prefetch` is a no-op on processors without one.
+    Written against numba's extension API (`intrinsic`, `overload`, `register_jitable`): numba
+    has no prefetch of its own, and LLVM's `llvm.prefetch` is a no-op on processors without one.
     """
     from llvmlite import ir  # type: ignore[import-untyped]
     from numba import types
     from numba.core import cgutils
-    from numba.extending import intrinsic, overload
+    from numba.extending import intrinsic, overload, register_jitable
 
     def prefetch_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         array_type = signature.args[0]
@@ -216,3 +326,5 @@ def compile_helpers() -> None:
         return prefetch
 
     overload(prefetch_row)(prefetch_row_compiled)
+    for helper in (quantity_arrays, value_units, pair_partial, key_slot):
+        register_jitable(inline="always")(helper)

@@ -103,13 +103,15 @@ def _packed_frame(rows: pl.LazyFrame, codes: Codes, mix: UnitMix | None, extra: 
 @dataclass(frozen=True)
 class Shard:
     """A shard: how to load its rows, its number, and the mix its range-coded units went through
-    (if any) or, for a run of row groups, the unit code its own codes start from; the key
-    hashes its rows' key codes are found by, where they carry hashes instead of codes."""
+    (if any) or, for a run of row groups, the unit code its own codes start from and whether
+    the footers put its rows in unit order (the bounding checks the rows); the key hashes its
+    rows' key codes are found by, where they carry hashes instead of codes."""
 
     load: Callable[[], pl.DataFrame]
     index: int = 0
     mix: UnitMix | None = None
     first_unit: int = 0
+    in_unit_order: bool = False
     key_hashes: KeyHashes | None = None
 
 
@@ -260,7 +262,7 @@ def unit_ordered_shards(slices: InputSlices, codes: Codes, extra: Sequence[str |
     split_units = _SplitUnits(len(spans)) if any(splits) else None
     edges = zip([False, *splits], [*splits, False], strict=True)
     shards = [Shard(partial(_load_span, slices, codes, extra, span, edge, split_units), index,
-                    first_unit=span.low - digit.minimum)
+                    first_unit=span.low - digit.minimum, in_unit_order=True)
               for index, (span, edge) in enumerate(zip(spans, edges, strict=True))]
     return shards if split_units is None else [*shards, Shard(split_units.load, len(shards))]
 

@@ -112,17 +112,33 @@ class _Totals:
         `values` (`light_units.add_light_rows`); `most`: the most units a row adds to each quantity
         (the caller makes sure a shard's rows times that times max_rows stays below 2^63).
         Returns the heavy units' pairs: their codes, rows, and partials (a row per quantity)."""
-        # A pair's partial is at most its rows' worth: a shard adds at most its rows times `most`.
-        for qid, units in zip(list(self.sums)[:len(most)], most, strict=True):
-            self.sums[qid].reserve(units * codes.size)
-        if weights.size:
-            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * codes.size)
+        self._reserve(codes.size, weights, most)
         heavy_codes = np.empty(codes.size, np.int64)
         heavy_rows = np.empty(codes.size, np.int64)
         heavy_partials = np.empty((len(most), codes.size), np.int64)
         found = loop(codes, order, key_bits, max_partitions, max_rows, values, kinds, params, weights, self.table,
                      heavy_codes, heavy_rows, heavy_partials)
         return heavy_codes[:found], heavy_rows[:found], heavy_partials[:, :found]
+
+    def add_light_runs(self, codes: np.ndarray, key_bits: int, max_partitions: int, max_rows: int,
+                       values: np.ndarray, kinds: np.ndarray, params: np.ndarray, weights: np.ndarray,
+                       most: list[int], loop: compiled.LightRuns) -> np.ndarray | None:
+        """`add_light_rows` from a shard's rows in their own order, each unit's rows together
+        (`light_units.add_light_runs`); returns the places of the heavy units' rows, in order, or
+        None, nothing added, where the rows are not in unit order."""
+        self._reserve(codes.size, weights, most)
+        heavy_places = np.empty(codes.size, np.int64)
+        found = loop(codes, key_bits, max_partitions, max_rows, values, kinds, params, weights, self.table,
+                     heavy_places)
+        return None if found < 0 else heavy_places[:found]
+
+    def _reserve(self, rows: int, weights: np.ndarray, most: list[int]) -> None:
+        """Room in the sums for `rows` rows' pairs: a pair's partial is at most its rows' worth of
+        `most`, the most units a row adds to each quantity, and a unit's weight at most the largest."""
+        for qid, units in zip(list(self.sums)[:len(most)], most, strict=True):
+            self.sums[qid].reserve(units * rows)
+        if weights.size:
+            self.sums[SELECTION_WEIGHTS].reserve(int(weights.max()) * rows)
 
     def _add_light_units_by_numpy(self, pair_codes: np.ndarray, key_bits: int, max_partitions: int,
                                   partials: dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -353,7 +369,7 @@ class SortedBounding:
         # w(n) for the partitions n ≤ L0 a light unit of this shard can have.
         weights = (selection.unit_weights(np.arange(1, min(l0, shard.height) + 1)) if self.weighted
                    else np.zeros(0, np.int64))
-        heavy = (self._add_light_rows(shard, weights, passes, totals.light)
+        heavy = (self._add_light_rows(shard, weights, passes, totals.light, load.in_unit_order)
                  if passes is not None and not self.leaf_columns else None)
         if heavy is not None:
             del shard
@@ -376,36 +392,53 @@ class SortedBounding:
         _as_written(ranked, key_bits).write_ipc(files.heavy, compression="uncompressed")
         return files
 
-    def _add_light_rows(self, shard: pl.DataFrame, weights: np.ndarray, passes: compiled.Passes, light: _Totals
-                        ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
-        """Adds a shard's light units to `light` straight from its sorted rows, without finding its
-        pairs first (`light_units.add_light_rows`); returns its heavy units' pairs: their codes,
-        rows and partials. None where that pass cannot: value columns not all numbers, codes and
-        row places not fitting one Int64 together, or a pair's sum times max_rows that could pass Int64."""
+    def _add_light_rows(self, shard: pl.DataFrame, weights: np.ndarray, passes: compiled.Passes, light: _Totals,
+                        in_unit_order: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+        """Adds a shard's light units to `light` straight from its rows, without finding its pairs
+        first; returns its heavy units' pairs: their codes, rows and partials. Rows `in_unit_order`
+        (as the footers say) are taken as they are where they are (`light_units.add_light_runs`),
+        and only the heavy units' rows are sorted; other rows are sorted (`light_units.add_light_rows`).
+        None, nothing added, where neither pass can: value columns not all numbers, codes and row
+        places not fitting one Int64 together, or a pair's sum times max_rows that could pass Int64."""
         _check_codes(shard)
         key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
         # The most units one row adds to each quantity: a pair's sum is at most its rows times that.
         most = [row_unit_range(q)[1] if q.aggregate != "rows" else 1 for q in self.quantities]
+        packed = shard[PACKED].to_numpy()
+        if self.value_columns and (any(shard[c].dtype != pl.Float64 for c in self.value_columns)
+                                   or max(most) * m * shard.height >= 2**63 or not _fit_with_places(packed)):
+            return None
         if not self.value_columns:
-            # Counts only: the codes alone are sorted, and no value is read.
-            codes = order = _sorted_codes(shard[PACKED].to_numpy(), passes)
-            values = np.zeros((0, codes.size))
-        elif any(shard[c].dtype != pl.Float64 for c in self.value_columns) or max(most) * m * shard.height >= 2**63:
-            return None
-        elif (found := _sorted_with_places(shard, passes)) is None:
-            return None
+            # Counts only: no value is read.
+            values = np.zeros((0, shard.height))
         else:
-            codes, order = found
             columns = [np.ascontiguousarray(shard[c].to_numpy(), dtype=np.float64) for c in self.value_columns]
             values = columns[0][np.newaxis] if len(columns) == 1 else np.stack(columns)
         kinds = np.array([(-1 if q.column is None else self.value_columns.index(q.column),
                            light_units.ROWS_KIND if q.aggregate == "rows" else light_units.VALUE_KIND)
                           for q in self.quantities], np.int64).reshape(-1, 2)
         params = np.array([_unit_params(q) for q in self.quantities], np.float64).reshape(-1, 7)
+        heavy_places = (light.add_light_runs(packed, key_bits, l0, m, values, kinds, params, weights, most,
+                                             passes.add_light_runs) if in_unit_order else None)
+        codes, order = self._sorted_rows(packed if heavy_places is None else packed[heavy_places], passes)
+        if heavy_places is not None and self.value_columns:
+            order = heavy_places[order]
         heavy_codes, heavy_rows, heavy_partials = light.add_light_rows(
             codes, order, key_bits, l0, m, values, kinds, params, weights, most, passes.add_light_rows)
         return heavy_codes, heavy_rows, {q.id: partials for q, partials in zip(self.quantities, heavy_partials,
                                                                                 strict=True)}
+
+    def _sorted_rows(self, packed: np.ndarray, passes: compiled.Passes) -> tuple[np.ndarray, np.ndarray]:
+        """Rows' codes sorted, and the order of their places that sorts them (the codes themselves,
+        unread, where no quantity reads a value)."""
+        if packed.size == 0:
+            return packed, packed
+        if not self.value_columns:
+            codes = _sorted_codes(packed, passes)
+            return codes, codes
+        found = _keys_sorted_with_places(packed, passes)
+        assert found is not None, "the codes fit with their places (`_fit_with_places`)"
+        return found
 
     def _add_light_pairs(self, pairs: dict[str, np.ndarray], weights: np.ndarray, passes: compiled.Passes | None,
                          light: _Totals, files: _ShardOutput
@@ -747,6 +780,15 @@ def _sorted_with_places(shard: pl.DataFrame, passes: compiled.Passes | None
     return _keys_sorted_with_places(shard[PACKED].to_numpy(), passes)
 
 
+def _fit_with_places(keys: np.ndarray) -> bool:
+    """Non-empty keys that `_keys_sorted_with_places` sorts: each fits one Int64 with its place."""
+    return keys.size > 0 and int(keys.min()) >= 0 and int(keys.max()).bit_length() + _place_bits(keys) <= 63
+
+
+def _place_bits(keys: np.ndarray) -> int:
+    return max(1, (keys.size - 1).bit_length())
+
+
 def _keys_sorted_with_places(keys: np.ndarray, passes: compiled.Passes | None
                              ) -> tuple[np.ndarray, np.ndarray] | None:
     """Non-empty keys sorted, and the order that sorts them, equal keys in place order; None where
@@ -754,10 +796,10 @@ def _keys_sorted_with_places(keys: np.ndarray, passes: compiled.Passes | None
 
     Each key and its place are sorted as one number, key above place: the places are then the order.
     """
-    place_bits = max(1, (keys.size - 1).bit_length())
-    high_bit = int(keys.max()).bit_length() + place_bits
-    if int(keys.min()) < 0 or high_bit > 63:
+    if not _fit_with_places(keys):
         return None
+    place_bits = _place_bits(keys)
+    high_bit = int(keys.max()).bit_length() + place_bits
     # In place where numpy allows: a shard's arrays are 16 MB, each pass spared 1–2 ms (29 → 24 ms at 2^21 keys).
     keyed = np.left_shift(keys, place_bits)
     keyed |= np.arange(keys.size, dtype=np.int64)

@@ -1,6 +1,7 @@
 """The light units' passes (dprun/engines/light_units.py): compiled, as Python, and numpy's passes
-(`sorted_bounding._Totals`) against a brute-force reference, from pairs and from a count's rows;
-exact sums past int64; small inputs never import numba. Seeds come from os.urandom and are part of every assertion message."""
+(`sorted_bounding._Totals`) against a brute-force reference, from pairs, from sorted rows and
+from rows in unit order; exact sums past int64; small inputs never import numba. Seeds come
+from os.urandom and are part of every assertion message."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from dprun.engines.polars_steps import SELECTION_WEIGHTS
 
 Reference = tuple[list[int], list[list[int]], list[int]]
 assert no_ambient_ledger  # the fixture is used by name below
+
+
+# Four quantities over two value columns: rows, rows with a value, a sum, a sum of squares
+# (`light_units.add_light_rows`' kinds and params).
+QUANTITY_KINDS = np.array([[-1, light_units.ROWS_KIND], [0, light_units.ROWS_KIND], [0, light_units.VALUE_KIND],
+                           [1, light_units.VALUE_KIND]], np.int64)
+QUANTITY_PARAMS = np.array([[0.0] * 7, [0.0] * 7, [-5.0, 12.0, 1.0, 4.0, -2.0**20, 2.0**20, 0.0],
+                            [-np.inf, 8.0, 0.5, 2.0, 0.0, 2.0**20, 1.0]])
 
 
 def random_pairs(rng: np.random.Generator, max_partitions: int, key_bits: int) -> np.ndarray:
@@ -123,10 +132,7 @@ def test_the_rows_pass_of_values_compiled_and_as_python_agrees_with_the_pairs_pa
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     compiled = compiled_passes.compiled_passes().result().add_light_rows
-    kinds = np.array([[-1, light_units.ROWS_KIND], [0, light_units.ROWS_KIND], [0, light_units.VALUE_KIND],
-                      [1, light_units.VALUE_KIND]], np.int64)
-    params = np.array([[0.0] * 7, [0.0] * 7, [-5.0, 12.0, 1.0, 4.0, -2.0**20, 2.0**20, 0.0],
-                       [-np.inf, 8.0, 0.5, 2.0, 0.0, 2.0**20, 1.0]])
+    kinds, params = QUANTITY_KINDS, QUANTITY_PARAMS
     for case in range(40):
         max_partitions, key_bits, max_rows = int(rng.integers(1, 6)), int(rng.integers(3, 12)), int(rng.integers(1, 4))
         pair_codes = random_pairs(rng, max_partitions, key_bits)
@@ -160,6 +166,62 @@ def test_the_rows_pass_of_values_compiled_and_as_python_agrees_with_the_pairs_pa
                 f"seed={seed} case={case}: {name} heavy partials"
             assert table[:, 0].tolist() == units, f"seed={seed} case={case}: {name} units"
             assert table[:, 1:].T.tolist() == sums_per_key, f"seed={seed} case={case}: {name} sums"
+
+
+def shuffled_within_units(rng: np.random.Generator, codes: np.ndarray, key_bits: int) -> np.ndarray:
+    """Sorted rows' codes with each unit's rows in a random order: in unit order, not sorted."""
+    units = codes >> key_bits
+    return codes[np.lexsort((rng.random(codes.size), units))]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_runs_pass_compiled_and_as_python_agrees_with_the_sorted_rows_pass(weighted: bool) -> None:
+    """`add_light_runs` on rows in unit order, each unit's rows shuffled, against `add_light_rows`
+    on the same rows sorted: the same totals; the heavy units' rows' places, which sorted give
+    the same heavy pairs; rows out of unit order are refused, the table untouched."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    passes = compiled_passes.compiled_passes().result()
+    kinds, params = QUANTITY_KINDS, QUANTITY_PARAMS
+    for case in range(40):
+        max_partitions, key_bits, max_rows = int(rng.integers(1, 6)), int(rng.integers(3, 12)), int(rng.integers(1, 4))
+        quantities = int(rng.integers(0, kinds.shape[0] + 1))
+        pair_codes = random_pairs(rng, max_partitions, key_bits)
+        codes = shuffled_within_units(rng, np.repeat(pair_codes, rng.integers(1, 7, pair_codes.size)), key_bits)
+        values = np.round(rng.normal(3, 10, (2, codes.size)), 2)
+        values[rng.random(values.shape) < 0.2] = np.nan
+        weights = rng.integers(1, 2**20, max_partitions + 1) if weighted else np.zeros(0, np.int64)
+        columns = 1 + quantities + (1 if weighted else 0)
+
+        def rows_pass(rows: np.ndarray, table: np.ndarray) -> tuple[list[int], list[int], list[list[int]]]:
+            order = rows[np.argsort(codes[rows], kind="stable")]
+            heavy_codes, heavy_rows = np.empty(rows.size, np.int64), np.empty(rows.size, np.int64)
+            heavy_partials = np.empty((quantities, rows.size), np.int64)
+            found = passes.add_light_rows(codes[order], order, key_bits, max_partitions, max_rows, values,
+                                          kinds[:quantities], params[:quantities], weights, table, heavy_codes,
+                                          heavy_rows, heavy_partials)
+            return heavy_codes[:found].tolist(), heavy_rows[:found].tolist(), heavy_partials[:, :found].tolist()
+
+        expected_table = np.zeros((1 << key_bits, columns), np.int64)
+        expected_heavy = rows_pass(np.arange(codes.size), expected_table)
+        per_unit = {int(unit): len(np.unique(codes[codes >> key_bits == unit])) for unit in np.unique(codes >> key_bits)}
+        heavy_places = [place for place, code in enumerate(codes.tolist()) if per_unit[code >> key_bits] > max_partitions]
+        assert heavy_places and len(heavy_places) < codes.size, f"seed={seed} case={case}: light and heavy units both"
+        for name, loop in (("compiled", passes.add_light_runs), ("python", light_units.add_light_runs)):
+            table = np.zeros_like(expected_table)
+            places = np.empty(codes.size, np.int64)
+            found = loop(codes, key_bits, max_partitions, max_rows, values, kinds[:quantities], params[:quantities],
+                         weights, table, places)
+            assert places[:found].tolist() == heavy_places, f"seed={seed} case={case}: {name} heavy rows"
+            assert rows_pass(places[:found], table) == expected_heavy, f"seed={seed} case={case}: {name} heavy pairs"
+            assert table.tolist() == expected_table.tolist(), f"seed={seed} case={case}: {name} totals"
+            swapped = codes.copy()
+            last = np.flatnonzero(codes >> key_bits != codes[-1] >> key_bits)[-1]
+            swapped[[last, -1]] = swapped[[-1, last]]
+            untouched = np.zeros_like(expected_table)
+            assert loop(swapped, key_bits, max_partitions, max_rows, values, kinds[:quantities], params[:quantities],
+                        weights, untouched, places) == -1, f"seed={seed} case={case}: {name} took rows out of order"
+            assert not untouched.any(), f"seed={seed} case={case}: {name} added rows out of order"
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -23,7 +23,7 @@ from dprun_testing import fresh_seed, invoke
 from engine_specs import output, query, run_ok, write_spec
 from test_sorted_bounding import CANDIDATES, METRICS, TREE, heavy_tailed_rows
 
-from dprun.engines import shards
+from dprun.engines import compiled, shards, sorted_bounding
 from dprun.engines.codes import Codes, Digit, RangeCodes
 
 
@@ -111,6 +111,44 @@ def test_row_groups_in_unit_order_release_the_same_tables_as_hashed_shards(
     # The plume query keeps every row: the long unit's 5,000 at least were bounded apart.
     assert spans.split >= 5000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
     assert spans.across_files >= 5 * 2, f"seed={seed}: no shard read two files ({spans.across_files})"
+
+
+@pytest.mark.parametrize("rows_in_groups", ["in unit order", "shuffled"])
+def test_compiled_passes_take_rows_in_unit_order_as_they_are_and_release_the_same_tables(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows_in_groups: str) -> None:
+    """The compiled passes (large inputs) bound the light units of row groups whose rows are in
+    unit order without sorting them (`light_units.add_light_runs`), and sort those whose footers
+    are in unit order but whose rows are shuffled within each group: both release what hashed
+    shards, always sorted, do. Counts, and sums, means and deviations."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = ordered_rows(rng, 1500)
+    if rows_in_groups == "shuffled":
+        rows = pl.concat(rows[start:start + 500].sample(fraction=1.0, shuffle=True, seed=start)
+                         for start in range(0, rows.height, 500))
+    rows.write_parquet(tmp_path / "data.parquet", row_group_size=500)
+    monkeypatch.setattr(shards, "SHARD_ROWS", 2000)
+    monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 500)
+    monkeypatch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
+    taken: list[bool] = []
+    original = sorted_bounding._Totals.add_light_runs
+
+    def counted(*args: Any) -> np.ndarray | None:
+        found = original(*args)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(sorted_bounding._Totals, "add_light_runs", counted)
+    counts = query("counts", ["key"], METRICS[:2], l0=3, m=2, partitions={"selection": "gaussian_threshold"})
+    spec = write_spec(tmp_path, [QUERIES[0], counts], epsilon=20.0, delta=1e-6, data="data.parquet")
+    for name, (ordered, hashed) in releases_both_ways(spec, seed, monkeypatch).items():
+        assert ordered.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert ordered.equals(hashed), f"seed={seed}: {name} differs:\n{ordered}\n{hashed}"
+    # Two queries over about rows.height / 2000 shards each.
+    assert len(taken) >= rows.height // 2000, f"seed={seed}: {len(taken)} shards offered to the runs pass"
+    # Shuffled, a shard of the long unit's rows alone is still in unit order.
+    assert all(taken) if rows_in_groups == "in unit order" else taken.count(False) > len(taken) // 2, \
+        f"seed={seed}: {taken}"
 
 
 def test_a_shuffled_file_or_one_without_statistics_is_sharded_by_hash(tmp_path: Path,
