@@ -9,9 +9,10 @@ numpy's sort on the processor) are `Passes`; a shard's rows' key codes found by 
 apart and only for units coded per shard (`codes.ShardUnits`), so other queries do not pay for
 them. numba compiles them (a wheel from the package registry, no compiler on the user's
 machine) for explicit signatures and caches the machine code on disk, so a machine compiles
-them once; compiled, they release the GIL and each worker thread bounds its own shard. Loading `Passes` still costs about 0.5 s of one core (numba's import, then its
-code generator's), so only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread
-while the shards are read; smaller ones take numpy's and Polars' passes.
+them once; compiled, they release the GIL and each worker thread bounds its own shard. Loading
+`Passes` still costs about 0.5 s of one core (numba's import, then its code generator's), so
+only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read;
+smaller ones take numpy's and Polars' passes.
 """
 
 from __future__ import annotations

@@ -271,8 +271,9 @@ def pair_partial(kind: int, counted: int, summed: int, max_rows: int) -> int:
 
 
 def key_slot(key: int, slot_bits: int) -> int:
-    """A key code's first slot of 2^slot_bits (`add_light_runs`): Fibonacci hashing of its low 32
-    bits xored with its high ones, in int64 without overflow (for numpy's scalars too)."""
+    """A key code's first slot of 2^slot_bits, slot_bits ≤ 32 (`add_light_runs`: L0 ≤ 10^6 gives
+    at most 21): Fibonacci hashing of its low 32 bits xored with its high ones, in int64 without
+    overflow (for numpy's scalars too)."""
     folded = (key ^ (key >> 32)) & 0xFFFFFFFF
     return ((folded * 0x61C88647) & 0xFFFFFFFF) >> (32 - slot_bits)
 
@@ -281,7 +282,7 @@ def prefetch_row(table: np.ndarray, row: int) -> None:
     """Nothing, as Python. Compiled (`compile_helpers`): a hint that the processor start loading
     row `row` of `table` into its caches. The passes above ask for a pair's row of totals as they
     first meet the pair, and add to it once its unit's rows are all scanned: by then it is there
-    (a count's shard of the Plume data, 2^21 sorted rows: 28.5 → 21.3 ms, the table of 10^6 keys
+    (a count's shard of the Plume data, 2^21 sorted rows: 28.5 → 22.6 ms, the table of 10^6 keys
     being far larger than the caches)."""
 
 

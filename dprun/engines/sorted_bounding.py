@@ -404,10 +404,10 @@ class SortedBounding:
         key_bits, l0, m = self.codes.key_bits, self.plan.max_partitions, self.plan.max_rows
         # The most units one row adds to each quantity: a pair's sum is at most its rows times that.
         most = [row_unit_range(q)[1] if q.aggregate != "rows" else 1 for q in self.quantities]
-        packed = shard[PACKED].to_numpy()
         if self.value_columns and (any(shard[c].dtype != pl.Float64 for c in self.value_columns)
-                                   or max(most) * m * shard.height >= 2**63 or not _fit_with_places(packed)):
+                                   or max(most) * m * shard.height >= 2**63):
             return None
+        packed = shard[PACKED].to_numpy()
         if not self.value_columns:
             # Counts only: no value is read.
             values = np.zeros((0, shard.height))
@@ -418,9 +418,15 @@ class SortedBounding:
                            light_units.ROWS_KIND if q.aggregate == "rows" else light_units.VALUE_KIND)
                           for q in self.quantities], np.int64).reshape(-1, 2)
         params = np.array([_unit_params(q) for q in self.quantities], np.float64).reshape(-1, 7)
+        # The heavy units' rows are sorted after: where their shard's codes fit beside their places, theirs do.
         heavy_places = (light.add_light_runs(packed, key_bits, l0, m, values, kinds, params, weights, most,
-                                             passes.add_light_runs) if in_unit_order else None)
-        codes, order = self._sorted_rows(packed if heavy_places is None else packed[heavy_places], passes)
+                                             passes.add_light_runs)
+                        if in_unit_order and (not self.value_columns or packed.size == 0
+                                              or _with_places_bits(packed) is not None) else None)
+        found = self._sorted_rows(packed if heavy_places is None else packed[heavy_places], passes)
+        if found is None:
+            return None
+        codes, order = found
         if heavy_places is not None and self.value_columns:
             order = heavy_places[order]
         heavy_codes, heavy_rows, heavy_partials = light.add_light_rows(
@@ -428,17 +434,15 @@ class SortedBounding:
         return heavy_codes, heavy_rows, {q.id: partials for q, partials in zip(self.quantities, heavy_partials,
                                                                                 strict=True)}
 
-    def _sorted_rows(self, packed: np.ndarray, passes: compiled.Passes) -> tuple[np.ndarray, np.ndarray]:
+    def _sorted_rows(self, packed: np.ndarray, passes: compiled.Passes) -> tuple[np.ndarray, np.ndarray] | None:
         """Rows' codes sorted, and the order of their places that sorts them (the codes themselves,
-        unread, where no quantity reads a value)."""
+        unread, where no quantity reads a value); None where codes and places do not fit one Int64."""
         if packed.size == 0:
             return packed, packed
         if not self.value_columns:
             codes = _sorted_codes(packed, passes)
             return codes, codes
-        found = _keys_sorted_with_places(packed, passes)
-        assert found is not None, "the codes fit with their places (`_fit_with_places`)"
-        return found
+        return _keys_sorted_with_places(packed, passes)
 
     def _add_light_pairs(self, pairs: dict[str, np.ndarray], weights: np.ndarray, passes: compiled.Passes | None,
                          light: _Totals, files: _ShardOutput
@@ -780,9 +784,11 @@ def _sorted_with_places(shard: pl.DataFrame, passes: compiled.Passes | None
     return _keys_sorted_with_places(shard[PACKED].to_numpy(), passes)
 
 
-def _fit_with_places(keys: np.ndarray) -> bool:
-    """Non-empty keys that `_keys_sorted_with_places` sorts: each fits one Int64 with its place."""
-    return keys.size > 0 and int(keys.min()) >= 0 and int(keys.max()).bit_length() + _place_bits(keys) <= 63
+def _with_places_bits(keys: np.ndarray) -> int | None:
+    """The bits that non-empty keys take with their places beside them (`_keys_sorted_with_places`);
+    None where a key is negative or they would pass 63."""
+    high_bit = int(keys.max()).bit_length() + _place_bits(keys)
+    return None if int(keys.min()) < 0 or high_bit > 63 else high_bit
 
 
 def _place_bits(keys: np.ndarray) -> int:
@@ -796,10 +802,10 @@ def _keys_sorted_with_places(keys: np.ndarray, passes: compiled.Passes | None
 
     Each key and its place are sorted as one number, key above place: the places are then the order.
     """
-    if not _fit_with_places(keys):
+    high_bit = _with_places_bits(keys)
+    if high_bit is None:
         return None
     place_bits = _place_bits(keys)
-    high_bit = int(keys.max()).bit_length() + place_bits
     # In place where numpy allows: a shard's arrays are 16 MB, each pass spared 1–2 ms (29 → 24 ms at 2^21 keys).
     keyed = np.left_shift(keys, place_bits)
     keyed |= np.arange(keys.size, dtype=np.int64)
