@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 
 from dprun import cli as dprun_cli
+from dprun.engines import sorted_bounding
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -85,3 +87,8 @@ def example_copy(tmp_path: Path) -> Path:
     shutil.copytree(REPOSITORY / "specs", tmp_path / "specs")
     (tmp_path / "sample_data").symlink_to(REPOSITORY / "sample_data")
     return tmp_path
+
+
+def every_sum(sums: sorted_bounding._ExactSums) -> pl.Series:
+    """Every key code's exact sum, in code order."""
+    return sums.total_of(np.arange(sums.small.size))

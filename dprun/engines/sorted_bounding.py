@@ -157,7 +157,7 @@ class _Totals:
             self.sums[qid].merge(sums)
 
     def column(self, qid: str, rows: np.ndarray) -> pl.Series:
-        return self.sums[qid].total().gather(rows).alias(qid)
+        return self.sums[qid].total_of(rows).alias(qid)
 
 
 @dataclass(frozen=True)
@@ -226,9 +226,11 @@ class _ExactSums:
         if other.wide is not None:
             self.add_wide(other.wide)
 
-    def total(self) -> pl.Series:
-        small = pl.Series(np.ascontiguousarray(self.small)).cast(pl.Int128)
-        return small if self.wide is None else small + self.wide
+    def total_of(self, rows: np.ndarray) -> pl.Series:
+        """The sums of these key codes, Int128: gathered first, then widened (the int64 sums are a
+        strided column of their table; copying and widening every key code's took 20 ms at 10^6)."""
+        small = pl.Series(self.small[rows]).cast(pl.Int128)
+        return small if self.wide is None else small + self.wide.gather(rows)
 
     def add_wide(self, sums: pl.Series) -> None:
         self.wide = sums if self.wide is None else self.wide + sums
