@@ -228,7 +228,8 @@ class _ExactSums:
 
     def total_of(self, rows: np.ndarray) -> pl.Series:
         """The sums of these key codes, Int128: gathered first, then widened (the int64 sums are a
-        strided column of their table; copying and widening every key code's took 20 ms at 10^6)."""
+        strided column of their table: copying and widening every key code's first took 14.5 ms
+        for 987,000 of 10^6 keys, this 7.9)."""
         small = pl.Series(self.small[rows]).cast(pl.Int128)
         return small if self.wide is None else small + self.wide.gather(rows)
 
