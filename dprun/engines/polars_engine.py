@@ -101,7 +101,8 @@ def _input_slices(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_
     if info.format != "parquet" or info.partitions or plan.joins or plan.truncation:
         return None
     return InputSlices(info.paths, lambda paths, offset, length: _rows(plan, replace(info, paths=paths), keys,
-                                                                      truncation_seed, (offset, length)))
+                                                                      truncation_seed, (offset, length)),
+                       in_order=plan.selection.mode != "public")
 
 
 def _fan_out(plan: QueryPlan) -> int:

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import polars as pl
@@ -33,7 +34,8 @@ import polars as pl
 from dprun.engines import compiled, light_units, pair_units, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
-from dprun.engines.shards import InputSlices, Shard, in_parallel_into, packed_rows, split_into_shards
+from dprun.engines.shards import (InputSlices, Shard, UnitsNotClustered, in_parallel_into, packed_rows,
+                                  split_into_shards)
 from dprun.errors import DataError
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms import bound_choice, selection
@@ -41,6 +43,7 @@ from dprun.mechanisms.quantities import Quantity
 from dprun.mechanisms.sampling import RandomSource
 from dprun.plan import QueryPlan
 
+R = TypeVar("R")
 STARTS = "__dprun_starts__"
 VALUE = "__dprun_value_"  # + the index of a value column the contribution profile reads
 
@@ -315,10 +318,14 @@ class SortedBounding:
         # shard (`_row_values`): one Float64 per row instead of one Int64 per quantity.
         leaves = sorted_quantiles.leaf_columns([q.quantity for q in self.quantile_plans])
         # Units not coded by range are coded once their shard is in memory (`packed_rows`).
-        loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves], slices,
-                                  compiled=self.compiled is not None)
-        work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index)) for index, load in enumerate(loads)]
-        outputs, (totals, *others) = in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
+        def bound(slices: InputSlices | None) -> tuple[list[_ShardOutput], list[_WorkerTotals]]:
+            loads = split_into_shards(rows, codes, seed, workdir, [*self.value_columns, *leaves], slices,
+                                      compiled=self.compiled is not None)
+            work = [partial(self._bound_shard, load, _ShardOutput.named(workdir, index))
+                    for index, load in enumerate(loads)]
+            return in_parallel_into(work, partial(_WorkerTotals.zeros, codes.keys.count, ids))
+
+        outputs, (totals, *others) = _by_hash_where_not_clustered(bound, slices)
         for other in others:
             totals.merge(other)
         self.light, self.first_heavy = totals.light, totals.first_heavy
@@ -644,8 +651,6 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
     # Loaded while the shards are read, for the radix sort (`compiled`).
     loading = compiled.compiled_passes() if codes.rows >= compiled.COMPILED_FROM_ROWS else None
     unit_passes = _unit_passes(codes, loading is not None)
-    loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()],
-                              slices, compiled=loading is not None)
 
     def new_profile() -> _Profile:
         return _Profile(np.zeros(choice.shape, dtype=np.int64),
@@ -682,12 +687,26 @@ def contribution_profile(plan: QueryPlan, rows: pl.LazyFrame, codes: Codes, seed
         found.kept_rows += kept_rows
         found.kept_pairs += kept_pairs
 
-    _, (total, *others) = in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
+    def profile(slices: InputSlices | None) -> tuple[list[None], list[_Profile]]:
+        loads = split_into_shards(rows, codes, shard_seed, workdir, [e.alias(n) for n, e in value_columns.items()],
+                                  slices, compiled=loading is not None)
+        return in_parallel_into([partial(profile_shard, load) for load in loads], new_profile)
+
+    _, (total, *others) = _by_hash_where_not_clustered(profile, slices)
     for other in others:
         total.merge(other)
     return bound_choice.ContributionProfile(total.cells, total.unit_rows,
                                             bound_choice.size_histogram(total.picks[total.picks > 0]),
                                             total.kept_rows, total.kept_pairs, total.values)
+
+
+def _by_hash_where_not_clustered(bound: Callable[[InputSlices | None], R], slices: InputSlices | None) -> R:
+    """`bound(slices)`, or where its shards of row groups turn out to share a unit
+    (`shards.clustered_shards`), `bound(None)`: the rows sharded by hash, every total afresh."""
+    try:
+        return bound(slices)
+    except UnitsNotClustered:
+        return bound(None)
 
 
 def _unit_passes(codes: Codes, compiled_path: bool) -> Future[compiled.UnitPasses] | None:

@@ -1,5 +1,6 @@
 """Shards of whole units (dprun/engines/shards.py), read as runs of row groups where a Parquet
-input's footers show them in order of its unit.
+input's footers show them in order of its unit, or where its row groups hold its text units'
+rows together.
 
 No released number may depend on how rows are sharded: each test runs a spec twice under one
 test seed, with the row groups read as shards and with the rows sharded by a hash of the unit,
@@ -41,9 +42,9 @@ class Spans:
             self.across_files += args[3].first != args[3].last
             return original_load(*args)
 
-        def add(units: shards._SplitUnits, part: pl.DataFrame | None) -> None:
+        def add(units: shards._SplitUnits, part: pl.DataFrame | None, *kept: Any) -> None:
             self.split += 0 if part is None else part.height
-            original_add(units, part)
+            original_add(units, part, *kept)
 
         monkeypatch.setattr(shards, "_load_span", load)
         monkeypatch.setattr(shards._SplitUnits, "add", add)
@@ -259,3 +260,133 @@ def test_each_unit_s_rows_are_in_one_shard_only(tmp_path: Path, monkeypatch: pyt
         seen.append(np.unique((packed >> codes.key_bits) + shard.first_unit))
     every = np.concatenate(seen)
     assert np.array_equal(np.sort(every), np.arange(600)), f"seed={seed}: a unit is in two shards or in none"
+
+
+class Clustered:
+    """Counts the queries whose text units' row groups were read as shards, and those whose
+    bounding found a unit in two of them (and went back to hash shards)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.taken = 0
+        self.refused = 0
+        original_shards, original_load = shards.clustered_shards, shards._SplitUnits.load
+
+        def clustered(*args: Any) -> list[shards.Shard] | None:
+            found = original_shards(*args)
+            self.taken += found is not None
+            return found
+
+        def load(units: shards._SplitUnits) -> pl.DataFrame:
+            try:
+                return original_load(units)
+            except shards.UnitsNotClustered:
+                self.refused += 1
+                raise
+
+        monkeypatch.setattr(shards, "clustered_shards", clustered)
+        monkeypatch.setattr(shards._SplitUnits, "load", load)
+
+
+def text_unit_rows(rng: np.random.Generator) -> pl.DataFrame:
+    """`ordered_rows` with text ids and a text key beside the integer one, each unit's rows
+    together but the units in no order (text ids sorted as numbers overlap as text)."""
+    rows = ordered_rows(rng, 1500).with_columns(pl.format("u{}", "uid").alias("uid"),
+                                                pl.format("k{}", "key").alias("tkey"))
+    order = pl.DataFrame({"uid": rows["uid"].unique(maintain_order=True).shuffle(int(rng.integers(2**32)))})
+    return order.with_row_index("place").join(rows, on="uid").sort("place", maintain_order=True).drop("place")
+
+
+TEXT_QUERIES = [
+    QUERIES[0],
+    query("text_key", ["tkey"], METRICS[:3], l0=3, m=2, partitions={"selection": "gaussian_threshold"}),
+    query("auto", ["key"], [*METRICS[:3], TREE], partitions={"selection": "gaussian_threshold"}) | {
+        "contribution_bounds": {"max_partitions_contributed": "auto", "max_contributions_per_partition": "auto"}},
+    # Matched against its public partitions, a join that may reorder them: sharded by hash.
+    QUERIES[1],
+]
+
+
+def clustered_and_hashed(spec: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+                         ) -> dict[str, tuple[pl.DataFrame, pl.DataFrame]]:
+    """Each query's output with text units' row groups read as shards where they hold the units
+    together, and sharded by hash, same seed."""
+    names = [q["name"] for q in json.loads(spec.read_text())["queries"]]
+    run_ok(spec, seed)
+    clustered = {name: output(spec, name) for name in names}
+    with monkeypatch.context() as patch:
+        patch.setattr(shards, "clustered_shards", lambda *args: None)
+        run_ok(spec, seed)
+    return {name: (clustered[name], output(spec, name)) for name in names}
+
+
+def small_compiled_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shards, "SHARD_ROWS", 2000)
+    monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 500)
+    monkeypatch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
+
+
+def test_row_groups_holding_text_units_together_release_the_same_tables_as_hashed_shards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text ids whose rows come together in two files of small row groups (units cut between
+    them, one unit over several shards): the groups are read as shards, each span's first and
+    last units bounded apart, and every query (a text key, auto bounds, quantiles) releases
+    what hash shards do; public partitions are sharded by hash."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = text_unit_rows(rng)
+    (tmp_path / "data").mkdir()
+    half = rows.height // 2
+    for index, part in enumerate((rows[:half], rows[half:])):
+        part.write_parquet(tmp_path / "data" / f"part-{index}.parquet", row_group_size=500)
+    small_compiled_shards(monkeypatch)
+    spec = write_spec(tmp_path, TEXT_QUERIES, epsilon=20.0, delta=1e-6, data="data/*.parquet")
+    clustered, spans = Clustered(monkeypatch), Spans(monkeypatch)
+    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
+        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    # Four boundings in row groups (auto bounds read the rows twice), none of which found a unit in two spans.
+    assert (clustered.taken, clustered.refused) == (4, 0), f"seed={seed}: {clustered.taken}, {clustered.refused}"
+    assert spans.split >= 5000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
+
+
+def test_a_text_unit_in_two_row_groups_sends_the_rows_to_hash_shards(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of a unit moved into a span far from its own, where the sample of row groups
+    does not see it: the bounding finds the unit in two spans, throws its totals away and
+    shards the rows by hash; the release is the hash shards' own."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    rows = text_unit_rows(rng)
+    # The long unit last: every unit before it has at most 300 rows.
+    longest = rows["uid"].mode()[0]
+    rows = pl.concat([rows.filter(pl.col("uid") != longest), rows.filter(pl.col("uid") == longest)])
+    # A unit inside the first span (rows 0–1999), one of its rows moved inside the third (4000–5999).
+    unit = rows["uid"][1000]
+    places = np.flatnonzero((rows["uid"] == unit).to_numpy())
+    moved = int(places[-1])
+    rows = pl.concat([rows[:moved], rows[moved + 1:5000], rows[moved:moved + 1], rows[5000:]])
+    assert 0 < places[0] and places[-1] < 1999 and rows["uid"][4999] == unit not in (rows["uid"][4000],
+                                                                                    rows["uid"][5999]), (
+        f"seed={seed}: the unit must be inside both spans")
+    rows.write_parquet(tmp_path / "data.parquet", row_group_size=500)
+    small_compiled_shards(monkeypatch)
+    monkeypatch.setattr(shards, "_sample_clustered", lambda *args: True)
+    spec = write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6)
+    clustered = Clustered(monkeypatch)
+    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
+        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    assert (clustered.taken, clustered.refused) == (1, 1), f"seed={seed}: {clustered.taken}, {clustered.refused}"
+
+
+def test_text_units_in_no_order_are_sharded_by_hash_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows shuffled: the sample of row groups shares units, and no row group is read as a shard."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    text_unit_rows(rng).sample(fraction=1.0, shuffle=True, seed=int(rng.integers(2**32))).write_parquet(
+        tmp_path / "data.parquet", row_group_size=500)
+    small_compiled_shards(monkeypatch)
+    loads: list[Any] = []
+    monkeypatch.setattr(shards, "_load_clustered_span", lambda *args: loads.append(args))
+    run_ok(write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6), seed)
+    assert loads == [], f"seed={seed}: {len(loads)} row groups of shuffled rows read as shards"
