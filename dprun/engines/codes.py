@@ -207,10 +207,15 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
     """
     columns = list(units.columns)
     unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
-    distinct_units = shard.select(unit.n_unique()).item()
     if passes is not None:
         hashes = shard.select(unit.hash(seed)).to_series().rechunk().to_numpy().view(np.int64)
         dense = np.empty(hashes.size, np.int64)
+        runs = _unit_runs(shard, unit, columns)
+        # As many distinct hashes as runs of equal units, at least as many as the units: one code a unit.
+        if runs is not None and passes.dense_codes(hashes, distinct_codes.slots_for(runs), dense) == runs:
+            return pl.Series(UNIT, dense)
+    distinct_units = _distinct_units(shard, unit)
+    if passes is not None:
         if passes.dense_codes(hashes, distinct_codes.slots_for(distinct_units), dense) == distinct_units:
             return pl.Series(UNIT, dense)
     else:
@@ -219,6 +224,29 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
         if hashed.n_unique() == distinct_units:
             return hashed
     return shard.select((unit.rank("dense").cast(pl.Int64) - 1).alias(UNIT)).to_series()
+
+
+def _distinct_units(shard: pl.DataFrame, unit: pl.Expr) -> int:
+    return int(shard.select(unit.n_unique()).item())
+
+
+def _unit_runs(shard: pl.DataFrame, unit: pl.Expr, columns: list[str]) -> int | None:
+    """The runs of rows of one unit in a shard whose units come together (at most half as many
+    runs as rows), as an input listed unit by unit gives them; None otherwise, or where equal
+    units may differ in their bits (and so in their hashes).
+
+    Counting the runs is one comparison per row, where counting the distinct units hashes them
+    all into a table (`n_unique`: 45 ms of a text shard's 2^21 rows, the runs 8)."""
+    if not all(equal_by_bits(shard.schema[c]) for c in columns):
+        return None
+    runs = shard.select(unit.ne_missing(unit.shift(1)).sum()).item()
+    return runs if runs <= shard.height // 2 else None
+
+
+def equal_by_bits(dtype: pl.DataType) -> bool:
+    """Whether values of the type are equal exactly where their bits are (a float's 0.0 and −0.0
+    are one value to a comparison but two to a hash)."""
+    return dtype.is_integer() or dtype in (pl.String, pl.Boolean, pl.Date)
 
 
 def codes_for(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], info: InputInfo, fan_out: int) -> Codes:

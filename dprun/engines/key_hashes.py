@@ -22,15 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from dprun.engines.codes import KEY
+from dprun.engines.codes import KEY, equal_by_bits
 
 if TYPE_CHECKING:
     from dprun.engines.compiled import UnitPasses
 
 KEY_HASH = "__dprun_key_hash__"
-# Key types whose values are equal exactly where their bits are (a float's 0.0 and −0.0 are
-# one key to a join but two to a hash): only these are found by hash.
-HASHED_KEY_TYPES = (pl.String, pl.Boolean, pl.Date)
 
 
 class KeyHashes:
@@ -51,7 +48,9 @@ class KeyHashes:
         """The table's keys by hash; None where a key column's type is not hashed exactly, its
         type in the rows is not the table's, or two of its keys share a hash."""
         columns = tuple(table.columns)
-        if any(not (schema[c].is_integer() or schema[c] in HASHED_KEY_TYPES) or schema[c] != table.schema[c]
+        # Only keys equal exactly where their bits are (a float's 0.0 and −0.0 are one key to a
+        # join but two to a hash) are found by hash.
+        if any(not equal_by_bits(schema[c]) or schema[c] != table.schema[c]
                for c in columns):
             return None
         hashes = table.select(key_hash(columns, seed)).to_series()

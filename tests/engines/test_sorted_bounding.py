@@ -414,31 +414,54 @@ def test_every_column_family_releases_the_same_tables_in_small_shards(tmp_path: 
         assert whole.equals(sharded), f"seed={seed}: {name} differs in small shards:\n{whole}\n{sharded}"
 
 
+@pytest.mark.parametrize("rows", ["shuffled", "unit by unit"])
 @pytest.mark.parametrize("compiled_codes", [False, True])
 @pytest.mark.parametrize("bits", [40, 4])
-def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_codes: bool) -> None:
+def test_shard_unit_codes_tell_every_unit_apart(bits: int, compiled_codes: bool, rows: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With 40 bits the keyed hash's top bits tell 300 units apart; with 4 bits they cannot (16
     codes), and the units' dense ranks are used instead; the compiled pass numbers the
-    distinct hashes densely whatever the bits: either way one code per unit."""
+    distinct hashes densely whatever the bits, and where the rows come unit by unit checks
+    them against the runs of equal units, without counting the units: one code per unit."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     names = rng.choice([f"id-{i}" for i in range(300)], 5000)
     shard = pl.DataFrame({"uid": names, "day": rng.integers(0, 3, 5000)})
+    if rows == "unit by unit":
+        shard = shard.sort("uid", "day")
     units = ShardUnits(("uid", "day"))
-    passes = compiled.compiled_unit_passes().result() if compiled_codes else None
+    loaded = compiled.compiled_unit_passes().result() if compiled_codes else None
+    counted: list[int] = []
+
+    def dense_codes(*args: np.ndarray) -> int:
+        assert loaded is not None
+        counted.append(loaded.dense_codes(*args))
+        return counted[-1]
+
+    passes = dataclasses.replace(loaded, dense_codes=dense_codes) if loaded is not None else None
+    counts: list[int] = []
+    original = codes_module._distinct_units
+    monkeypatch.setattr(codes_module, "_distinct_units", lambda *args: counts.append(original(*args)) or counts[-1])
     codes = codes_module.shard_unit_codes(shard, units, bits, seed % 2**64, passes)
     pairs = shard.with_columns(codes).select("uid", "day", codes_module.UNIT).unique()
     assert pairs.height == shard.select("uid", "day").n_unique() == pairs[codes_module.UNIT].n_unique(), f"seed={seed}"
     dense = compiled_codes or bits == 4
     assert int(codes.max()) == pairs.height - 1 if dense else int(codes.max()) < 2**bits, f"seed={seed}"
+    # One dense pass either way: unit by unit, checked against the runs; else against the units counted.
+    assert len(counted) == int(compiled_codes), f"seed={seed}: {counted}"
+    assert len(counts) == (0 if compiled_codes and rows == "unit by unit" else 1), f"seed={seed}: {counts}"
 
 
-def test_units_whose_hashes_collide_are_coded_by_rank() -> None:
+@pytest.mark.parametrize("rows", ["shuffled", "unit by unit"])
+def test_units_whose_hashes_collide_are_coded_by_rank(rows: str) -> None:
     """Where the dense pass finds fewer distinct hashes than units (here it sees only each
-    hash's low 4 bits, 16 values for 300 units), the units' dense ranks are their codes."""
+    hash's low 4 bits, 16 values for 300 units), or than runs of equal units, the units' dense
+    ranks are their codes."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     shard = pl.DataFrame({"uid": rng.choice([f"id-{i}" for i in range(300)], 5000)})
+    if rows == "unit by unit":
+        shard = shard.sort("uid")
 
     def colliding(hashes: np.ndarray, slots: np.ndarray, codes: np.ndarray) -> int:
         return distinct_codes.dense_codes(hashes & 15, slots, codes)
