@@ -288,7 +288,8 @@ def clustered_shards(slices: InputSlices, codes: Codes, seed: int, extra: Sequen
     joined, or keys coded by joining their table: `TableKeys.attach`).
 
     No footer says that rows are clustered (text ids sorted as numbers overlap as text), so
-    the bounding checks it: each span's first and last units (those that may go on in the
+    the bounding checks it (also where the sample suggests more units than MAX_KEPT_UNITS / 2,
+    the rows go by hash): each span's first and last units (those that may go on in the
     next or the previous span) are taken out, with every row of theirs in the span, and
     bounded together in one more shard, the last; every other unit's keyed 64-bit hash is
     kept, and that shard's load checks that no hash is kept by two spans or is also one of
@@ -307,7 +308,12 @@ def clustered_shards(slices: InputSlices, codes: Codes, seed: int, extra: Sequen
     assert isinstance(units, ShardUnits)
     spans = _spans(groups)
     unit_hash = _unit_hash(units, seed)
-    if len(spans) < shard_count(sum(span.rows for span in spans)) or not _sample_clustered(slices, groups, unit_hash):
+    rows = sum(span.rows for span in spans)
+    if len(spans) < shard_count(rows):
+        return None
+    density = _sampled_unit_density(slices, groups, unit_hash)
+    # The check keeps 8 bytes a unit: far fewer than MAX_KEPT_UNITS expected, or the rows go by hash.
+    if density is None or density * rows > MAX_KEPT_UNITS // 2:
         return None
     split_units = _SplitUnits(len(spans), unit_hash)
     shards = [Shard(partial(_load_clustered_span, slices, codes, extra, key_hashes, span, unit_hash, split_units),
@@ -315,20 +321,25 @@ def clustered_shards(slices: InputSlices, codes: Codes, seed: int, extra: Sequen
     return [*shards, Shard(split_units.load, len(shards), key_hashes=key_hashes)]
 
 
-# Row groups `_sample_clustered` reads, spread over the input.
+# Row groups `_sampled_unit_density` reads, spread over the input.
 SAMPLED_GROUPS = 4
+# Units whose hashes `clustered_shards`' check keeps at most (8 bytes each, and as much again
+# while it sorts them); past them, bounding raises `UnitsNotClustered` and the rows go by hash.
+MAX_KEPT_UNITS = 2**25
 
 
-def _sample_clustered(slices: InputSlices, groups: list[_Span], unit_hash: pl.Expr) -> bool:
-    """Whether SAMPLED_GROUPS row groups spread over the input share none of their inner units
-    (all but each group's first and last): an input in any other order (shuffled, or listed
-    day by day) shares thousands, and is sharded by hash at once instead of bounded twice."""
+def _sampled_unit_density(slices: InputSlices, groups: list[_Span], unit_hash: pl.Expr) -> float | None:
+    """Inner units (all but a group's first and last) per row in SAMPLED_GROUPS row groups spread
+    over the input; None where two of them share one: an input in any other order (shuffled,
+    or listed day by day) shares thousands, and is sharded by hash at once instead of bounded twice."""
     picked = sorted({round(i * (len(groups) - 1) / (SAMPLED_GROUPS - 1)) for i in range(SAMPLED_GROUPS)})
     inner = []
     for group in (groups[i] for i in picked):
         rows = slices.rows_of(slices.paths[group.first:group.last + 1], group.offset, group.rows)
         inner.append(_inner_hashes(collect(rows.select(unit_hash)).to_series().to_numpy()))
-    return _all_distinct(inner)
+    if not _all_distinct(inner):
+        return None
+    return sum(part.size for part in inner) / max(1, sum(groups[i].rows for i in picked))
 
 
 def _unit_hash(units: ShardUnits, seed: int) -> pl.Expr:
@@ -482,6 +493,7 @@ class _SplitUnits:
     def __init__(self, shards: int, unit_hash: pl.Expr | None = None) -> None:
         self._parts: list[pl.DataFrame] = []
         self._kept: list[np.ndarray] = []
+        self._kept_units = 0
         self._unit_hash = unit_hash
         self._waiting = shards
         self._failed = False
@@ -497,10 +509,19 @@ class _SplitUnits:
             else:
                 self._parts.append(part)
                 if kept is not None:
-                    self._kept.append(kept)
+                    self._keep(kept)
             self._waiting -= 1
             if self._waiting == 0:
                 self._loaded.set()
+
+    def _keep(self, kept: np.ndarray) -> None:
+        """Keep a shard's units' hashes for the check, up to MAX_KEPT_UNITS in all: past them,
+        none (the load then fails the check), so that memory stays bounded."""
+        self._kept_units += kept.size
+        if self._kept_units <= MAX_KEPT_UNITS:
+            self._kept.append(kept)
+        else:
+            self._kept.clear()
 
     def load(self) -> pl.DataFrame:
         self._loaded.wait()
@@ -509,7 +530,7 @@ class _SplitUnits:
         gathered = pl.concat(self._parts)
         if self._unit_hash is not None:
             own = _distinct(gathered.select(self._unit_hash).to_series().to_numpy())
-            distinct = _all_distinct([own, *self._kept])
+            distinct = self._kept_units <= MAX_KEPT_UNITS and _all_distinct([own, *self._kept])
             self._kept.clear()
             if not distinct:
                 raise UnitsNotClustered

@@ -370,7 +370,7 @@ def test_a_text_unit_in_two_row_groups_sends_the_rows_to_hash_shards(tmp_path: P
         f"seed={seed}: the unit must be inside both spans")
     rows.write_parquet(tmp_path / "data.parquet", row_group_size=500)
     small_compiled_shards(monkeypatch)
-    monkeypatch.setattr(shards, "_sample_clustered", lambda *args: True)
+    monkeypatch.setattr(shards, "_sampled_unit_density", lambda *args: 0.0)
     spec = write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6)
     clustered = Clustered(monkeypatch)
     for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
@@ -390,3 +390,25 @@ def test_text_units_in_no_order_are_sharded_by_hash_at_once(tmp_path: Path, monk
     monkeypatch.setattr(shards, "_load_clustered_span", lambda *args: loads.append(args))
     run_ok(write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6), seed)
     assert loads == [], f"seed={seed}: {len(loads)} row groups of shuffled rows read as shards"
+
+
+@pytest.mark.parametrize("sampled", ["as read", "too few units"])
+def test_more_units_than_the_check_keeps_send_the_rows_to_hash_shards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampled: str) -> None:
+    """The check keeps 8 bytes a unit, up to MAX_KEPT_UNITS: where the sample of row groups
+    foresees more, the rows go by hash at once; where it foresaw too few, the bounding stops
+    keeping them, fails the check and goes back to hash shards. The release is the same."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    text_unit_rows(rng).write_parquet(tmp_path / "data.parquet", row_group_size=500)
+    small_compiled_shards(monkeypatch)
+    monkeypatch.setattr(shards, "MAX_KEPT_UNITS", 200)
+    if sampled == "too few units":
+        monkeypatch.setattr(shards, "_sampled_unit_density", lambda *args: 0.0)
+    spec = write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6)
+    clustered = Clustered(monkeypatch)
+    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
+        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    expected = (0, 0) if sampled == "as read" else (1, 1)
+    assert (clustered.taken, clustered.refused) == expected, f"seed={seed}: {clustered.taken}, {clustered.refused}"
