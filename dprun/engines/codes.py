@@ -199,10 +199,10 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
     """Each row's unit code within its shard, below 2^bits.
 
     Where a keyed hash of the unit's values tells the shard's units apart, which is checked
-    exactly (as many distinct hashes as distinct units: then no two units share a code), its
-    hash's dense number in the shard where the compiled `passes` are loaded (`distinct_codes`),
-    else the hash's top bits; where two units collide, the unit's dense rank among the
-    shard's units. The hash and the check cost about a third of the rank (a sort of the
+    exactly (as many distinct hashes as distinct units, or as runs of equal units where the
+    rows come unit by unit, `_unit_runs`: then no two units share a code), its hash's dense
+    number in the shard where the compiled `passes` are loaded (`distinct_codes`), else the
+    hash's top bits; where two units collide, the unit's dense rank among the shard's units. The hash and the check cost about a third of the rank (a sort of the
     values) on text ids.
     """
     columns = list(units.columns)
@@ -227,6 +227,7 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
 
 
 def _distinct_units(shard: pl.DataFrame, unit: pl.Expr) -> int:
+    """The shard's distinct units."""
     return int(shard.select(unit.n_unique()).item())
 
 
