@@ -319,6 +319,18 @@ def clustered_and_hashed(spec: Path, seed: int, monkeypatch: pytest.MonkeyPatch
     return {name: (clustered[name], output(spec, name)) for name in names}
 
 
+def counted_same_as_hashed(tmp_path: Path, queries: list[dict[str, Any]], data: str, seed: int,
+                           monkeypatch: pytest.MonkeyPatch) -> Clustered:
+    """Run the queries over `data` with and without row-group shards for text units, check that
+    every output is the same, and return how often row groups were taken and refused."""
+    spec = write_spec(tmp_path, queries, epsilon=20.0, delta=1e-6, data=data)
+    clustered = Clustered(monkeypatch)
+    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
+        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
+        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    return clustered
+
+
 def small_compiled_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shards, "SHARD_ROWS", 2000)
     monkeypatch.setattr(shards, "MIN_SHARD_ROWS", 500)
@@ -339,11 +351,8 @@ def test_row_groups_holding_text_units_together_release_the_same_tables_as_hashe
     for index, part in enumerate((rows[:half], rows[half:])):
         part.write_parquet(tmp_path / "data" / f"part-{index}.parquet", row_group_size=500)
     small_compiled_shards(monkeypatch)
-    spec = write_spec(tmp_path, TEXT_QUERIES, epsilon=20.0, delta=1e-6, data="data/*.parquet")
-    clustered, spans = Clustered(monkeypatch), Spans(monkeypatch)
-    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
-        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
-        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    spans = Spans(monkeypatch)
+    clustered = counted_same_as_hashed(tmp_path, TEXT_QUERIES, "data/*.parquet", seed, monkeypatch)
     # Four boundings in row groups (auto bounds read the rows twice), none of which found a unit in two spans.
     assert (clustered.taken, clustered.refused) == (4, 0), f"seed={seed}: {clustered.taken}, {clustered.refused}"
     assert spans.split >= 5000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
@@ -371,11 +380,7 @@ def test_a_text_unit_in_two_row_groups_sends_the_rows_to_hash_shards(tmp_path: P
     rows.write_parquet(tmp_path / "data.parquet", row_group_size=500)
     small_compiled_shards(monkeypatch)
     monkeypatch.setattr(shards, "_sampled_unit_density", lambda *args: 0.0)
-    spec = write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6)
-    clustered = Clustered(monkeypatch)
-    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
-        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
-        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    clustered = counted_same_as_hashed(tmp_path, TEXT_QUERIES[:1], "data.parquet", seed, monkeypatch)
     assert (clustered.taken, clustered.refused) == (1, 1), f"seed={seed}: {clustered.taken}, {clustered.refused}"
 
 
@@ -405,10 +410,6 @@ def test_more_units_than_the_check_keeps_send_the_rows_to_hash_shards(
     monkeypatch.setattr(shards, "MAX_KEPT_UNITS", 200)
     if sampled == "too few units":
         monkeypatch.setattr(shards, "_sampled_unit_density", lambda *args: 0.0)
-    spec = write_spec(tmp_path, TEXT_QUERIES[:1], epsilon=20.0, delta=1e-6)
-    clustered = Clustered(monkeypatch)
-    for name, (found, hashed) in clustered_and_hashed(spec, seed, monkeypatch).items():
-        assert found.height > 1, f"seed={seed}: {name} released too little for the comparison to mean anything"
-        assert found.equals(hashed), f"seed={seed}: {name} differs:\n{found}\n{hashed}"
+    clustered = counted_same_as_hashed(tmp_path, TEXT_QUERIES[:1], "data.parquet", seed, monkeypatch)
     expected = (0, 0) if sampled == "as read" else (1, 1)
     assert (clustered.taken, clustered.refused) == expected, f"seed={seed}: {clustered.taken}, {clustered.refused}"
