@@ -168,6 +168,10 @@ class ShardUnits:
 
     columns: tuple[str, ...]
 
+    def value(self) -> pl.Expr:
+        """Each row's unit: its one column, or a struct of its columns."""
+        return pl.col(self.columns[0]) if len(self.columns) == 1 else pl.struct(list(self.columns))
+
 
 Keys = RangeCodes | TableKeys
 Units = RangeCodes | ShardUnits
@@ -202,15 +206,14 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
     exactly (as many distinct hashes as distinct units, or as runs of equal units where the
     rows come unit by unit, `_unit_runs`: then no two units share a code), its hash's dense
     number in the shard where the compiled `passes` are loaded (`distinct_codes`), else the
-    hash's top bits; where two units collide, the unit's dense rank among the shard's units. The hash and the check cost about a third of the rank (a sort of the
-    values) on text ids.
+    hash's top bits; where two units collide, the unit's dense rank among the shard's units.
+    The hash and the check cost about a third of the rank (a sort of the values) on text ids.
     """
-    columns = list(units.columns)
-    unit = pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)
+    unit = units.value()
     if passes is not None:
         hashes = shard.select(unit.hash(seed)).to_series().rechunk().to_numpy().view(np.int64)
         dense = np.empty(hashes.size, np.int64)
-        runs = _unit_runs(shard, unit, columns)
+        runs = _unit_runs(shard, unit, units.columns)
         # As many distinct hashes as runs of equal units, at least as many as the units: one code a unit.
         if runs is not None and passes.dense_codes(hashes, distinct_codes.slots_for(runs), dense) == runs:
             return pl.Series(UNIT, dense)
@@ -231,7 +234,7 @@ def _distinct_units(shard: pl.DataFrame, unit: pl.Expr) -> int:
     return int(shard.select(unit.n_unique()).item())
 
 
-def _unit_runs(shard: pl.DataFrame, unit: pl.Expr, columns: list[str]) -> int | None:
+def _unit_runs(shard: pl.DataFrame, unit: pl.Expr, columns: tuple[str, ...]) -> int | None:
     """The runs of rows of one unit in a shard whose units come together (at most half as many
     runs as rows), as an input listed unit by unit gives them; None otherwise, or where equal
     units may differ in their bits (and so in their hashes).

@@ -307,7 +307,8 @@ def clustered_shards(slices: InputSlices, codes: Codes, seed: int, extra: Sequen
         return None
     assert isinstance(units, ShardUnits)
     spans = _spans(groups)
-    unit_hash = _unit_hash(units, seed)
+    # Each row's keyed 64-bit hash of its unit's values.
+    unit_hash = units.value().hash(seed)
     rows = sum(span.rows for span in spans)
     if len(spans) < shard_count(rows):
         return None
@@ -340,12 +341,6 @@ def _sampled_unit_density(slices: InputSlices, groups: list[_Span], unit_hash: p
     if not _all_distinct(inner):
         return None
     return sum(part.size for part in inner) / max(1, sum(groups[i].rows for i in picked))
-
-
-def _unit_hash(units: ShardUnits, seed: int) -> pl.Expr:
-    """Each row's keyed 64-bit hash of its unit's values."""
-    columns = list(units.columns)
-    return (pl.col(columns[0]) if len(columns) == 1 else pl.struct(columns)).hash(seed)
 
 
 def _inner_hashes(hashes: np.ndarray) -> np.ndarray:
@@ -392,7 +387,7 @@ def _load_clustered_span(slices: InputSlices, codes: Codes, extra: Sequence[str 
         hashes = loaded.select(unit_hash).to_series().to_numpy()
         at_ends = _at_ends(hashes)
         taken = loaded.filter(at_ends)
-        inner = _inner_hashes(hashes)
+        inner = _distinct(hashes[~at_ends])
         return loaded.filter(~at_ends)
     finally:
         split_units.add(taken, inner)

@@ -406,8 +406,9 @@ class SortedBounding:
                         in_unit_order: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
         """Adds a shard's light units to `light` straight from its rows, without finding its pairs
         first; returns its heavy units' pairs: their codes, rows and partials. Rows `in_unit_order`
-        (as the footers say) are taken as they are where they are (`light_units.add_light_runs`),
-        and only the heavy units' rows are sorted; other rows are sorted (`light_units.add_light_rows`).
+        (row groups the footers, or text units coded as they first come, put in unit order) are
+        taken as they are where they are (`light_units.add_light_runs`), and only the heavy units'
+        rows are sorted; other rows are sorted (`light_units.add_light_rows`).
         None, nothing added, where neither pass can: value columns not all numbers, codes and row
         places not fitting one Int64 together, or a pair's sum times max_rows that could pass Int64."""
         _check_codes(shard)
