@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 PACKED = "__dprun_packed__"
 KEY = "__dprun_key_code__"
 UNIT = "__dprun_unit_code__"
+# A unit's keyed hash, carried by a shard whose load computed it (`shards.clustered_shards`).
+UNIT_HASH = "__dprun_unit_hash__"
 ROWS = "__dprun_rows__"
 # Per-partition totals are dense arrays indexed by the key's code (8 bytes per code, quantity
 # and worker): integer keys whose ranges span more codes than this, or more than the rows
@@ -208,10 +210,12 @@ def shard_unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: in
     number in the shard where the compiled `passes` are loaded (`distinct_codes`), else the
     hash's top bits; where two units collide, the unit's dense rank among the shard's units.
     The hash and the check cost about a third of the rank (a sort of the values) on text ids.
+    The hashes are the shard's UNIT_HASH column where its load computed them with `seed`.
     """
     unit = units.value()
     if passes is not None:
-        hashes = shard.select(unit.hash(seed)).to_series().rechunk().to_numpy().view(np.int64)
+        hashed = shard[UNIT_HASH] if UNIT_HASH in shard.columns else shard.select(unit.hash(seed)).to_series()
+        hashes = hashed.rechunk().to_numpy().view(np.int64)
         dense = np.empty(hashes.size, np.int64)
         runs = _unit_runs(shard, unit, units.columns)
         # As many distinct hashes as runs of equal units, at least as many as the units: one code a unit.

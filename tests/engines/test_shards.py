@@ -25,7 +25,7 @@ from engine_specs import output, query, run_ok, write_spec
 from test_sorted_bounding import CANDIDATES, METRICS, TREE, heavy_tailed_rows
 
 from dprun.engines import compiled, shards, sorted_bounding
-from dprun.engines.codes import Codes, Digit, RangeCodes
+from dprun.engines.codes import UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits
 
 
 class Spans:
@@ -269,7 +269,12 @@ class Clustered:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.taken = 0
         self.refused = 0
+        # Shards whose unit codes came from the hashes their load computed, and those of them
+        # whose hashes were not the units' keyed hashes under the bounding's seed.
+        self.carried = 0
+        self.wrongly_carried = 0
         original_shards, original_load = shards.clustered_shards, shards._SplitUnits.load
+        original_codes = shards.shard_unit_codes
 
         def clustered(*args: Any) -> list[shards.Shard] | None:
             found = original_shards(*args)
@@ -283,8 +288,16 @@ class Clustered:
                 self.refused += 1
                 raise
 
+        def unit_codes(shard: pl.DataFrame, units: ShardUnits, bits: int, seed: int, passes: Any) -> pl.Series:
+            if UNIT_HASH in shard.columns:
+                self.carried += 1
+                self.wrongly_carried += not shard[UNIT_HASH].equals(
+                    shard.select(units.value().hash(seed)).to_series(), check_names=False)
+            return original_codes(shard, units, bits, seed, passes)
+
         monkeypatch.setattr(shards, "clustered_shards", clustered)
         monkeypatch.setattr(shards._SplitUnits, "load", load)
+        monkeypatch.setattr(shards, "shard_unit_codes", unit_codes)
 
 
 def text_unit_rows(rng: np.random.Generator) -> pl.DataFrame:
@@ -355,6 +368,9 @@ def test_row_groups_holding_text_units_together_release_the_same_tables_as_hashe
     clustered = counted_same_as_hashed(tmp_path, TEXT_QUERIES, "data/*.parquet", seed, monkeypatch)
     # Four boundings in row groups (auto bounds read the rows twice), none of which found a unit in two spans.
     assert (clustered.taken, clustered.refused) == (4, 0), f"seed={seed}: {clustered.taken}, {clustered.refused}"
+    # The spans' units are hashed once, as they load, and coded from those hashes.
+    assert clustered.carried >= 4 and clustered.wrongly_carried == 0, (
+        f"seed={seed}: {clustered.carried} shards coded from their loads' hashes, {clustered.wrongly_carried} wrong")
     assert spans.split >= 5000, f"seed={seed}: the long unit's rows were not bounded apart ({spans.split})"
 
 
@@ -413,3 +429,39 @@ def test_more_units_than_the_check_keeps_send_the_rows_to_hash_shards(
     clustered = counted_same_as_hashed(tmp_path, TEXT_QUERIES[:1], "data.parquet", seed, monkeypatch)
     expected = (0, 0) if sampled == "as read" else (1, 1)
     assert (clustered.taken, clustered.refused) == expected, f"seed={seed}: {clustered.taken}, {clustered.refused}"
+
+
+def test_distinct_values_are_those_of_np_unique_whatever_their_runs() -> None:
+    """`_distinct` drops repeats in a row before it sorts: the same values as np.unique, sorted,
+    for values in runs (units listed together), in no order, or none."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        values = rng.integers(0, int(rng.choice([3, 50, 2**62])), int(rng.integers(0, 400)), dtype=np.int64)
+        listed = np.repeat(values, rng.integers(1, 5, values.size)) if rng.random() < 0.5 else values
+        found = shards._distinct(listed)
+        assert np.array_equal(found, np.unique(listed)), f"seed={seed}: {listed} gave {found}"
+
+
+@pytest.mark.parametrize("batch", [shards.DISTINCT_CHECK_BATCH, 64, 1])
+def test_the_distinct_hashes_check_finds_a_hash_in_two_parts_in_every_range(monkeypatch: pytest.MonkeyPatch,
+                                                                             batch: int) -> None:
+    """`_all_distinct` checks sorted sets of hashes range by range of values (up to 256 ranges):
+    it agrees with np.unique on random sets, and a hash shared by two of them, wherever it lies
+    (the ends of the range of uint64 included), makes it false."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(shards, "DISTINCT_CHECK_BATCH", batch)
+    for _ in range(60):
+        parts = [shards._distinct(np.concatenate([rng.integers(0, 2**64, int(size), dtype=np.uint64),
+                                                  rng.choice(np.array([0, 2**63, 2**64 - 1], np.uint64), 1)]))
+                 for size in rng.integers(0, 3000, int(rng.integers(2, 6)))]
+        joined = np.concatenate(parts)
+        assert shards._all_distinct(parts) == (np.unique(joined).size == joined.size), f"seed={seed}, batch={batch}"
+        shared = joined[int(rng.integers(joined.size))]
+        others = [i for i, part in enumerate(parts) if shared not in part]
+        if not others:  # an end of the range drawn into every part: already shared
+            continue
+        into = others[int(rng.integers(len(others)))]
+        parts[into] = np.sort(np.append(parts[into], shared))
+        assert not shards._all_distinct(parts), f"seed={seed}, batch={batch}: hash {shared} in two parts not found"
