@@ -78,7 +78,7 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
     keys = release_steps.partition_keys(plan)
     shard_seed, truncation_seed, pick_seed, _ = source.hash_seeds()
     rows = _rows(plan, info, keys, truncation_seed)
-    codes = codes_for(rows, plan, keys, info, _fan_out(plan))
+    codes = codes_for(rows, plan, keys, info, _fan_out(plan), _rows(plan, info, keys, truncation_seed, with_units=False))
     return sorted_bounding.contribution_profile(plan, rows, codes, (shard_seed, pick_seed), workdir,
                                                 _input_slices(plan, info, keys, truncation_seed))
 
@@ -91,8 +91,8 @@ def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[in
     private inputs of a join."""
     seed, truncation_seed = seeds
     rows = _rows(plan, info, keys, truncation_seed)
-    return SortedBounding(plan, rows, codes_for(rows, plan, keys, info, _fan_out(plan)), seed, workdir,
-                          _input_slices(plan, info, keys, truncation_seed))
+    codes = codes_for(rows, plan, keys, info, _fan_out(plan), _rows(plan, info, keys, truncation_seed, with_units=False))
+    return SortedBounding(plan, rows, codes, seed, workdir, _input_slices(plan, info, keys, truncation_seed))
 
 
 def _input_slices(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> InputSlices | None:
@@ -112,15 +112,17 @@ def _fan_out(plan: QueryPlan) -> int:
 
 
 def _rows(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int,
-          input_rows: tuple[int, int] | None = None) -> pl.LazyFrame:
-    """The query's rows, from the input's rows `offset, length` only where `input_rows` gives them."""
+          input_rows: tuple[int, int] | None = None, with_units: bool = True) -> pl.LazyFrame:
+    """The query's rows, from the input's rows `offset, length` only where `input_rows` gives them;
+    without `with_units`, also those whose privacy unit is null (which never count)."""
     columns = {*plan.privacy_unit, *plan.group_by}
     columns |= {q.quantity.column for q in plan.quantities if q.quantity.column is not None}
     frame = with_derived(_joined_input(plan, info, truncation_seed, input_rows), dict(plan.derive))
     if plan.filter is not None:
         frame = frame.filter(row_filter(plan.filter))
     frame = frame.select(sorted(columns))
-    frame = frame.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in plan.privacy_unit))
+    if with_units:
+        frame = frame.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in plan.privacy_unit))
     if not plan.group_by:
         frame = frame.with_columns(pl.lit(0, dtype=pl.Int8).alias(GLOBAL_KEY))
     if plan.selection.mode == "public":

@@ -390,6 +390,35 @@ def test_mean_variance_and_stddev_agree_with_the_truth_on_large_partitions(tmp_p
 # --- missing and infinite values, null privacy units ----------------------------------------
 
 
+@pytest.mark.parametrize("key_type", ["text", "integer"])
+def test_keys_only_rows_without_a_unit_have_are_never_released(tmp_path: Path, key_type: str) -> None:
+    """Rows whose privacy unit is null never count, though the pass that finds the keys reads
+    them (it skips the unit column): a key only they have, released by no one, is not released,
+    and the release is byte for byte the one of the data without them."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    units = rng.integers(0, 600, 6000)
+    counted = pl.DataFrame({"uid": pl.Series([f"u{u}" for u in units]), "key": rng.integers(0, 5, units.size)})
+    # Keys 0–4 and, without a unit, 7 and 10^6 (far out of the others' range).
+    unitless = pl.DataFrame({"uid": pl.Series([None] * 900, dtype=pl.String),
+                             "key": rng.choice(np.array([0, 3, 7, 10**6]), 900)})
+    key = pl.col("key").cast(pl.String) if key_type == "text" else pl.col("key")
+    tables = {}
+    for name, data in {"counted": counted, "unitless": pl.concat([counted, unitless])}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        data.with_columns(key).sample(fraction=1.0, shuffle=True, seed=seed % 2**32).write_parquet(
+            folder / "data.parquet")
+        metrics = [{"name": "rows", "kind": "count"}, {"name": "people", "kind": "privacy_id_count"}]
+        spec = write_spec(folder, [query("q", ["key"], metrics, l0=2, m=3,
+                                         partitions={"selection": "gaussian_threshold"})], epsilon=30.0, delta=1e-6)
+        run_ok(spec, seed)
+        tables[name] = output(spec, "q")
+    released = set(tables["unitless"]["key"].cast(pl.String).to_list())
+    assert released == {"0", "1", "2", "3", "4"}, f"seed={seed}: released {sorted(released)}"
+    assert tables["unitless"].equals(tables["counted"]), f"seed={seed}: rows without a unit changed the release"
+
+
 def test_nan_null_and_infinite_values_and_null_units(tmp_path: Path) -> None:
     """NaN is a missing value like null, ±inf is clamped to the bounds, rows without a privacy
     unit are dropped: with the same seed, data that differs only in those ways gives the same
