@@ -38,7 +38,7 @@ from pathlib import Path
 import polars as pl
 
 from dprun.engines import release_steps, sorted_bounding
-from dprun.engines.codes import codes_for
+from dprun.engines.codes import Codes, codes_for
 from dprun.engines.polars_steps import GLOBAL_KEY, truncated, truncation_key
 from dprun.engines.shards import InputSlices
 from dprun.engines.sorted_bounding import SortedBounding
@@ -78,7 +78,7 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
     keys = release_steps.partition_keys(plan)
     shard_seed, truncation_seed, pick_seed, _ = source.hash_seeds()
     rows = _rows(plan, info, keys, truncation_seed)
-    codes = codes_for(rows, plan, keys, info, _fan_out(plan), _rows(plan, info, keys, truncation_seed, with_units=False))
+    codes = _codes(plan, info, keys, truncation_seed, rows)
     return sorted_bounding.contribution_profile(plan, rows, codes, (shard_seed, pick_seed), workdir,
                                                 _input_slices(plan, info, keys, truncation_seed))
 
@@ -91,8 +91,14 @@ def _bounding(plan: QueryPlan, info: InputInfo, keys: list[str], seeds: tuple[in
     private inputs of a join."""
     seed, truncation_seed = seeds
     rows = _rows(plan, info, keys, truncation_seed)
-    codes = codes_for(rows, plan, keys, info, _fan_out(plan), _rows(plan, info, keys, truncation_seed, with_units=False))
+    codes = _codes(plan, info, keys, truncation_seed, rows)
     return SortedBounding(plan, rows, codes, seed, workdir, _input_slices(plan, info, keys, truncation_seed))
+
+
+def _codes(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int, rows: pl.LazyFrame) -> Codes:
+    """The codes of the query's `rows`; a pass that finds them reads the rows before those without
+    a unit are dropped, without the unit columns where it needs no unit's range (`codes_for`)."""
+    return codes_for(rows, plan, keys, info, _fan_out(plan), _rows(plan, info, keys, truncation_seed, with_units=False))
 
 
 def _input_slices(plan: QueryPlan, info: InputInfo, keys: list[str], truncation_seed: int) -> InputSlices | None:

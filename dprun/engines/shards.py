@@ -28,8 +28,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits, TableKeys,
-                                  footer_range, shard_unit_codes)
+from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits,
+                                  TableKeys, footer_range, shard_unit_codes)
 from dprun.engines.key_hashes import KEY_HASH, KeyHashes
 from dprun.engines.polars_steps import collect, sink
 
@@ -374,8 +374,8 @@ def _all_distinct(parts: list[np.ndarray]) -> bool:
     edges = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(64 - bits) if bits else np.zeros(0, np.uint64)
     cuts = [np.concatenate([[0], np.searchsorted(part, edges), [part.size]]) for part in parts]
     for bucket in range(1 << bits):
-        joined = np.sort(np.concatenate([part[cut[bucket]:cut[bucket + 1]] for part, cut in zip(parts, cuts, strict=True)]
-                                        or [np.zeros(0, np.uint64)]))
+        in_range = [part[cut[bucket]:cut[bucket + 1]] for part, cut in zip(parts, cuts, strict=True)]
+        joined = np.sort(np.concatenate(in_range or [np.zeros(0, np.uint64)]))
         if np.any(joined[1:] == joined[:-1]):
             return False
     return True
