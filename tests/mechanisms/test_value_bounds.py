@@ -74,6 +74,8 @@ def test_each_unit_weighs_one_count_however_many_rows_it_has() -> None:
         for c in np.unique(mine):
             expected[c] += (int((mine == c).sum()) << UNIT_WEIGHT_BITS) // mine.size
     assert unit_value_weights(units, cells).tolist() == expected.tolist()
+    # Labels past what packs beside a cell in 63 bits are numbered densely first: the same histogram.
+    assert unit_value_weights(units + 2**62, cells).tolist() == expected.tolist()
     # One unit more moves the histogram by at most one count (the sensitivity the noise is calibrated to).
     more = unit_value_weights(np.append(units, [999] * 7), np.append(cells, [1, 2, 3, 4, 5, 6, 7]))
     assert 0 < (more - expected).sum() <= ONE
