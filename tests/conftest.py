@@ -1,6 +1,6 @@
 """Fixtures shared by the test folders: a seeded random source for statistical tests, a real
-PostgreSQL server for the shared ledger's tests, the command's allocator settings, and the
-release card's charts left undrawn outside the tests that look at them.
+PostgreSQL server for the shared ledger's tests, the command's allocator settings, the
+release card's charts left undrawn outside the tests that look at them, and the Spark tests first.
 
 `seeded` draws a fresh seed from os.urandom for both the data and the noise. The seed is
 printed, recorded as a test property and put in every assertion message by `Seeded.why`;
@@ -48,6 +48,17 @@ keep_freed_memory()
 # feed it hostile text, and the column families' (text, date, compound and null keys).
 DRAWN = frozenset({"test_card", "test_card_helper", "test_fuzz_run", "test_adversarial", "test_column_families"})
 PLACEHOLDER_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>'
+
+
+# Modules whose tests share one costly process-wide resource (a Spark JVM: ~20 s to start and warm
+# up on two cores). They run first: pytest-xdist's work stealing hands each worker a contiguous half
+# of the collection and steals from the back of a queue, so they all stay on the first worker, one
+# JVM for the whole run instead of one per worker.
+RUN_FIRST = frozenset({"test_spark_engine.py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in RUN_FIRST)
 
 
 @pytest.fixture(autouse=True)

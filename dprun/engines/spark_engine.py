@@ -348,8 +348,8 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
             .withColumn(PICKED_KEY, _keyed_hash(pick_seed, keys)).withColumn(RANK, f.row_number().over(by_rows))
         # Per candidate (L0, L∞): the rows min(r, L∞) of the unit's L0 pairs with the most rows (ties
         # between pairs of equal rows do not change the sum).
-        capped = [f.sum(f.when(f.col(RANK) <= l0, f.least(f.col(PAIR_ROWS), f.lit(cap))).otherwise(0)
-                        ).alias(CAPPED.format(f"{i}_{j}"))
+        capped = [f.expr(f"sum(CASE WHEN {_sql(RANK)} <= {l0} THEN least({_sql(PAIR_ROWS)}, {cap}) ELSE 0 END)"
+                         ).alias(CAPPED.format(f"{i}_{j}"))
                   for i, l0 in enumerate(choice.l0_options) for j, cap in enumerate(choice.rows_options)]
         per_unit = pairs.groupBy(*_cols(units)).agg(
             f.count(f.lit(1)).alias(PARTITIONS), f.min_by(PAIR_ROWS, PICK).alias(PAIR_ROWS),
@@ -378,23 +378,25 @@ def contribution_profile(plan: QueryPlan, info: InputInfo, source: RandomSource,
 
 def _kept_weights(per_unit: DataFrame, choice: bound_choice.BoundChoicePlan) -> tuple[np.ndarray, np.ndarray]:
     """`bound_choice.kept_weights` in Spark, from each unit's partitions, rows and capped rows: the same
-    integers, floor divisions included."""
-    f = F()
-    n, total = f.col(PARTITIONS).cast("long"), f.col(UNIT_ROWS).cast("long")
+    integers, floor divisions included (`div` of non-negative longs, each operand far below 2^63).
+
+    Hundreds of sums (8 pairs' weights, 440 rows' weights by default) are written as SQL over dprun's
+    own column names and integer constants, no spec text: built with the Column API, each node of
+    their expressions cost the driver a py4j round trip, ~50,000 of them (20 s of a profile)."""
     bits = bound_choice.UNIT_WEIGHT_BITS
-    caps = bound_choice.KEPT_CAPS
-    sums = []
-    for i, l0 in enumerate(choice.l0_options):
-        kept = f.least(n, f.lit(l0).cast("long"))
-        sums.append(f.sum(_small_floor_div(f.shiftleft(kept, bits), n)).alias(KEPT.format(i)))
-        for j in range(len(choice.rows_options)):
-            share = _small_floor_div(f.shiftleft(f.col(CAPPED.format(f"{i}_{j}")).cast("long"), bits), total)
-            sums += [f.sum(_small_floor_div(share * f.least(total, f.lit(cap).cast("long")), f.lit(cap).cast("long"))
-                           ).alias(KEPT.format(f"{c}_{i}_{j}")) for c, cap in enumerate(caps)]
-    [row] = per_unit.agg(*sums).collect()
+    n, total = _sql(PARTITIONS), _sql(UNIT_ROWS)
+    cells = [(i, j) for i in range(len(choice.l0_options)) for j in range(len(choice.rows_options))]
+    shares = per_unit.selectExpr(n, total, *[f"shiftleft({_sql(CAPPED.format(f'{i}_{j}'))}, {bits}) div {total} "
+                                             f"AS {_sql(CAPPED.format(f'{i}_{j}'))}" for i, j in cells])
+    sums = [f"sum(shiftleft(least({n}, {l0}), {bits}) div {n}) AS {_sql(KEPT.format(i))}"
+            for i, l0 in enumerate(choice.l0_options)]
+    sums += [f"sum(({_sql(CAPPED.format(f'{i}_{j}'))} * least({total}, {cap})) div {cap}) "
+             f"AS {_sql(KEPT.format(f'{c}_{i}_{j}'))}" for c, cap in enumerate(bound_choice.KEPT_CAPS) for i, j in cells]
+    [row] = shares.selectExpr(*sums).collect()
     kept_pairs = np.array([int(row[KEPT.format(i)] or 0) for i in range(len(choice.l0_options))], dtype=np.int64)
     kept_rows = np.array([[[int(row[KEPT.format(f"{c}_{i}_{j}")] or 0) for j in range(len(choice.rows_options))]
-                           for i in range(len(choice.l0_options))] for c in range(len(caps))], dtype=np.int64)
+                           for i in range(len(choice.l0_options))] for c in range(len(bound_choice.KEPT_CAPS))],
+                         dtype=np.int64)
     return kept_rows, kept_pairs
 
 
@@ -736,15 +738,6 @@ def _unit_weight(partitions: Column) -> Column:
     guess = f.floor(f.lit(float(1 << selection.SELECTION_WEIGHT_BITS)) / f.sqrt(n.cast("double"))).cast("long")
     lowered = f.when(guess * guess * n > one, guess - 1).otherwise(guess)
     return f.when((lowered + 1) * (lowered + 1) * n <= one, lowered + 1).otherwise(lowered)
-
-
-def _small_floor_div(numerator: Column, denominator: Column) -> Column:
-    """floor(a / b) for longs a >= 0 and b > 0: a − (a mod b) is a multiple of b, so the double quotient
-    is exact below 2^53 (beyond, it may come out one less, never more: a unit's kept share can only
-    shrink). Hundreds of these in one aggregation (the kept shares) run faster than `_floor_div`'s
-    decimal arithmetic."""
-    f = F()
-    return ((numerator - f.pmod(numerator, denominator)) / denominator).cast("long")
 
 
 def _floor_div(numerator: Column, denominator: Column) -> Column:
@@ -1239,9 +1232,14 @@ def _storage_level() -> Any:
     return StorageLevel.MEMORY_AND_DISK
 
 
+def _sql(name: str) -> str:
+    """A column's exact name quoted for a SQL expression dprun writes itself (never a spec's text)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _col(name: str) -> Column:
     """A column by its exact name (dots, spaces and backticks are not parsed)."""
-    return F().col("`" + name.replace("`", "``") + "`")
+    return F().col(_sql(name))
 
 
 def _cols(names: Iterable[str]) -> list[Column]:

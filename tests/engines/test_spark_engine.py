@@ -346,6 +346,10 @@ def test_auto_bounds_are_chosen_from_the_same_histogram_on_both_engines(tmp_path
     assert on_polars.values.shape == (1, bound_choice.VALUE_CELLS) and on_polars.values.sum() > 0
     assert on_polars.values.tolist() == on_spark.values.tolist()
     assert on_polars.sizes.sum() == on_spark.sizes.sum() == 12
+    # The units' kept shares at every candidate (L0, L∞) and row cap, floor divisions included.
+    assert on_polars.kept_pairs.tolist() == on_spark.kept_pairs.tolist()
+    assert on_polars.kept_rows.tolist() == on_spark.kept_rows.tolist()
+    assert 0 < on_polars.kept_rows.min() < on_polars.kept_rows.max()
     expected, actual = run_both(spec, spark)
     assert_identical(expected, actual)
 
@@ -753,3 +757,29 @@ def test_spark_computes_value_cells_and_unit_weights_as_the_mechanisms_do(spark:
                        spark_engine._unit_weight(spark_engine._col("n")).alias("w")).collect()
     assert [row["cell"] for row in got] == bound_choice.value_cells(values).tolist()
     assert [row["w"] for row in got] == selection.unit_weights(np.resize(partitions, values.size)).tolist()
+
+
+def test_spark_sums_the_units_kept_shares_as_the_mechanisms_do(spark: Any) -> None:
+    """The kept shares auto bounds score candidates by (`bound_choice.kept_weights`), from Spark's
+    per-unit partitions, rows and capped rows: the very integers, floor divisions included, for units
+    of one pair to hundreds and of one row to a million."""
+    choice = bound_choice.BoundChoicePlan(1.0, None, None, None, row_metrics=1, unit_metrics=0)
+    rng = np.random.default_rng(11)
+    lengths = np.r_[rng.integers(1, 4, 300), rng.integers(1, 300, 40), [1, 128, 129]]
+    pair_rows = np.minimum(rng.zipf(1.6, int(lengths.sum())), 10**6)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    order = np.lexsort((-pair_rows, np.repeat(np.arange(lengths.size), lengths)))
+    ranked = pair_rows[order]
+    rank = np.arange(ranked.size) - np.repeat(starts, lengths)
+    capped = np.stack([np.stack([np.add.reduceat(np.where(rank < l0, np.minimum(ranked, cap), 0), starts)
+                                 for cap in choice.rows_options], axis=1) for l0 in choice.l0_options], axis=1)
+    totals = np.add.reduceat(pair_rows, starts)
+    names = [spark_engine.CAPPED.format(f"{i}_{j}") for i in range(len(choice.l0_options))
+             for j in range(len(choice.rows_options))]
+    per_unit = spark.createDataFrame(
+        [(int(n), int(r), *map(int, c.reshape(-1))) for n, r, c in zip(lengths, totals, capped)],
+        [spark_engine.PARTITIONS, spark_engine.UNIT_ROWS, *names])
+    kept_rows, kept_pairs = spark_engine._kept_weights(per_unit, choice)
+    expected_rows, expected_pairs = bound_choice.runs_kept_weights(pair_rows, starts, lengths, choice)
+    assert kept_pairs.tolist() == expected_pairs.tolist()
+    assert kept_rows.tolist() == expected_rows.tolist()
