@@ -36,8 +36,12 @@ if TYPE_CHECKING:
 
     from dprun.plan import Plan, QueryPlan
 
-# Partitions drawn per metric chart (the largest released values); the table has them all.
+# Partitions drawn per metric chart (the largest released values); the table has more.
 CHART_PARTITIONS = 15
+# Rows of a released table the card shows, the first in key order: a release of 10^6 partitions
+# made a card of ~150 MB that browsers struggle to open, and took ~8 s of the run to render.
+# The output file has every row.
+CARD_ROWS = 10_000
 # A metric chart's margins in inches (`_fit_margins`): beside the y tick labels on the left; the
 # x tick labels and the x label below; half the last x tick label on the right. Tick labels
 # that would take more than MOST_LEFT of the width are cut.
@@ -214,7 +218,7 @@ def _query_section(query: QueryPlan, explained: dict[str, Any], table: pl.DataFr
                 if chart is not None:
                     parts.append(_figure(f"metric-{query.name}-{column}", chart,
                                          _metric_caption(column, metric, sized_by)))
-        parts.append(_table(table, keys, explained["metrics"], columns, halves))
+        parts.append(_table(table, keys, explained["metrics"], columns, halves, query.output_path.name))
         parts.append(_negative_note(table, explained["metrics"], columns))
     else:
         parts.append(_accuracy_table(explained["metrics"]))
@@ -533,19 +537,25 @@ def _plain(text: str) -> str:
 
 
 def _table(table: pl.DataFrame, keys: list[str], metrics: list[dict[str, Any]],
-           metric_columns: dict[str, list[str]], halves: dict[str, np.ndarray]) -> str:
-    """Every released row; `metric_columns` is each metric's output columns (a column per level
-    of a multi-level quantile), `halves` their intervals per row. Values are shown to the
-    precision of the column's smallest interval, the whole value kept for sorting."""
+           metric_columns: dict[str, list[str]], halves: dict[str, np.ndarray], output_name: str) -> str:
+    """The released rows, the first CARD_ROWS of them in the table's own (key) order where there are
+    more; `metric_columns` is each metric's output columns (a column per level of a multi-level
+    quantile), `halves` their intervals per row. Values are shown to the precision of the column's
+    smallest interval (over every released row), the whole value kept for sorting."""
     columns = [*keys, *(c for m in metrics for c in metric_columns[m["name"]])]
     decimals = {c: _decimals(halves[c]) for c in columns if c in halves}
     header = "".join(f'<th class="key">{_text(c)}</th>' if c in keys else
                      f"<th>{_text(c)}{' (± 95%)' if decimals.get(c) is not None else ''}</th>" for c in columns)
-    cells = [_cells(table[c], c in keys, decimals.get(c), halves.get(c)) for c in columns]
+    shown = table.head(CARD_ROWS)
+    cells = [_cells(shown[c], c in keys, decimals.get(c), None if c not in halves else halves[c][:CARD_ROWS])
+             for c in columns]
     rows = [f"<tr>{''.join(row)}</tr>" for row in zip(*cells, strict=True)]
+    cut = "" if shown.height == table.height else (
+        f"The first {shown.height:,} of the {table.height:,} released rows, in key order; every row is in "
+        f"{_text(output_name)}. ")
     return (f'<table class="sortable"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            "<p class=\"facts\">Click a column's header to sort by it. Values are rounded to the precision their "
-            "intervals support.</p>")
+            f"<p class=\"facts\">{cut}Click a column's header to sort by it. Values are rounded to the precision "
+            "their intervals support.</p>")
 
 
 def _cells(column: pl.Series, key: bool, places: int | None, halves: np.ndarray | None) -> list[str]:

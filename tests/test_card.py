@@ -162,6 +162,24 @@ def test_values_are_rounded_to_the_precision_of_their_intervals(tmp_path: Path) 
     assert "± 21569.3" not in text and "(± 22,000)" in text
 
 
+def test_a_long_table_shows_its_first_rows_in_key_order_and_says_where_the_rest_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond CARD_ROWS rows the card shows the first ones, as the output file orders them, and says so."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "cut").mkdir()
+    plain = released_card(tmp_path / "plain", ROOT / "specs" / "restaurants_public.yaml", "--seed", "5").read_text()
+    assert "released rows, in key order" not in plain and len(cells(plain, 0)) == 14
+    from dprun import card  # noqa: PLC0415 - as the other tests of the card's module do
+
+    monkeypatch.setattr(card, "CARD_ROWS", 5)
+    text = released_card(tmp_path / "cut", ROOT / "specs" / "restaurants_public.yaml", "--seed", "5").read_text()
+    output = tmp_path / "cut" / "out" / "public" / "visits_per_restaurant.parquet"
+    released = pl.read_parquet(output)
+    assert cells(text, 0) == released["restaurant_id"].head(5).to_list() == cells(plain, 0)[:5]
+    assert cells(text, 1) == cells(plain, 1)[:5]  # rounded as on the whole table
+    assert f"The first 5 of the 14 released rows, in key order; every row is in {output.name}." in text
+
+
 def test_negative_counts_are_explained_and_clamp_is_pointed_to(tmp_path: Path) -> None:
     from dprun.card import _negative_note
 
