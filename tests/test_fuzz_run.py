@@ -446,6 +446,7 @@ def test_a_ledger_anywhere_is_used_or_refused_cleanly(kind: str, seed: int) -> N
 HOSTILE = st.text(alphabet=st.sampled_from(list("$\\{}^_%&<>\"'#~ abcx9")), min_size=1, max_size=12)
 
 
+@pytest.mark.draws_charts
 @ROUND3
 @given(keys=st.lists(HOSTILE, min_size=1, max_size=3, unique=True), seed=st.integers(0, 2**32 - 1))
 def test_hostile_partition_keys_are_released_and_drawn_as_text(keys: list[str], seed: int) -> None:
@@ -460,6 +461,7 @@ def test_hostile_partition_keys_are_released_and_drawn_as_text(keys: list[str], 
         assert code == 0, f"keys {keys!r}: exit {code}: {stderr}"
         card = (work / "out" / "report.html").read_text()
         assert all(html.escape(key) in card for key in keys), keys
+        assert '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>' not in card, "charts undrawn"
 
 
 @ROUND3
