@@ -3,8 +3,10 @@
 Usage: python benchmarks/bench_sampling.py [--n N] [--repeats R]
 (with dprun installed, e.g. pip install -e .)
 
-Prints one row per sampler and scale: the best of R timed runs of n samples,
-and samples per second on one core. The target is at least 2 million samples
+Prints one row per path, sampler and scale: the best of R timed runs of n samples
+(in blocks on every core the process may use), and samples per second. The paths
+are numpy's passes and the compiled loops (`dprun.mechanisms.sampling_loops`),
+each made to take draws of every size. The target is at least 2 million samples
 per second for discrete_laplace and discrete_gaussian at n = 10**6.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dprun.mechanisms import sampling_loops
 from dprun.mechanisms.sampling import (
     RandomSource,
     discrete_gaussian,
@@ -46,11 +49,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     source = RandomSource.system()
-    print(f"{'sampler':<18} {'scale':>10} {'n':>9} {'seconds':>9} {'samples/s':>12}")
-    for name, sampler, scales in CASES:
-        for scale in scales:
-            seconds = best_seconds(sampler, source, scale, args.n, args.repeats)
-            print(f"{name:<18} {scale:>10.4g} {args.n:>9} {seconds:>9.4f} {args.n / seconds:>12.3e}")
+    sampling_loops.compiled()
+    print(f"{'path':<9} {'sampler':<18} {'scale':>10} {'n':>9} {'seconds':>9} {'samples/s':>12}")
+    for path, threshold in (("numpy", 2**62), ("compiled", 0)):
+        sampling_loops.COMPILED_FROM_DRAWS = threshold
+        for name, sampler, scales in CASES:
+            for scale in scales:
+                seconds = best_seconds(sampler, source, scale, args.n, args.repeats)
+                print(f"{path:<9} {name:<18} {scale:>10.4g} {args.n:>9} {seconds:>9.4f} {args.n / seconds:>12.3e}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort
+from dprun.jit import njit_cached
 
 # Rows of a query's input from which its shards are bounded by the compiled passes: there the
 # light units' loop alone saves ~40 ns per pair, several times the 0.4 s their loading costs.
@@ -103,16 +104,7 @@ def _loading(load: Callable[[Compile], R]) -> Future[R]:
 
 def _compile(load: Callable[[Compile], R], future: Future[R]) -> None:
     try:
-        import numba  # here: only inputs of COMPILED_FROM_ROWS rows pay its import
-
-        def compiled(signatures: list[Any], function: Callable[..., object]) -> Any:
-            try:
-                return numba.njit(signatures, nogil=True, cache=True)(function)
-            except RuntimeError:
-                # No writable folder for numba's cache (a read-only installation and home): compile for this run.
-                return numba.njit(signatures, nogil=True)(function)
-
-        future.set_result(load(compiled))
+        future.set_result(load(njit_cached))  # numba's import is in here: only inputs of COMPILED_FROM_ROWS rows pay it
     except Exception as error:  # raised again in the worker that waits for the passes
         future.set_exception(error)
 

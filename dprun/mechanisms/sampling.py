@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dprun.mechanisms import sampling_loops
+
 MAX_SCALE = 2.0**45
 """Largest accepted t or sigma: every intermediate stays an exact float64 integer below 2**53."""
 
@@ -207,7 +209,13 @@ def discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
     2e^{-1/t} / (1 - e^{-1/t})**2. Requires 0 < t <= MAX_SCALE.
     """
     t = _check_scale("t", t)
-    return _in_blocks(source, _check_count(n), lambda part, size: _discrete_laplace(part, t, size))
+    n = _check_count(n)
+    if n >= sampling_loops.COMPILED_FROM_DRAWS:
+        s, r = t.as_integer_ratio()
+        # r is a power of two; U + s·V < 2**63, so a shift of 63 leaves 0 as any larger one would.
+        return _compiled_draws(source, n, sampling_loops.compiled()[0], (s, min(r.bit_length() - 1, 63)),
+                               sampling_loops.LAPLACE_WORDS)
+    return _in_blocks(source, n, lambda part, size: _discrete_laplace(part, t, size))
 
 
 def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
@@ -222,7 +230,11 @@ def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
     number of rounds grows like log(n). Requires 0 < σ <= MAX_SCALE.
     """
     sigma = _check_scale("sigma", sigma)
-    return _in_blocks(source, _check_count(n), lambda part, size: _discrete_gaussian(part, sigma, size))
+    n = _check_count(n)
+    if n >= sampling_loops.COMPILED_FROM_DRAWS:
+        return _compiled_draws(source, n, sampling_loops.compiled()[1], (sigma, math.floor(sigma) + 1),
+                               sampling_loops.GAUSSIAN_WORDS)
+    return _in_blocks(source, n, lambda part, size: _discrete_gaussian(part, sigma, size))
 
 
 def _discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
@@ -293,6 +305,19 @@ def _in_blocks(source: RandomSource, n: int, draw: Callable[[RandomSource, int],
         return draw(source, n)
     with ThreadPoolExecutor(max_workers=min(len(sizes), _usable_cores())) as pool:
         return np.concatenate(list(pool.map(draw, parts, sizes)))
+
+
+def _compiled_draws(source: RandomSource, n: int, loop: Callable[..., tuple[int, int]],
+                    arguments: tuple[float | int, ...], words_per_draw: int) -> np.ndarray:
+    """n draws of a compiled loop (`sampling_loops.draws`), in blocks as `_in_blocks` makes them."""
+    def block(part: RandomSource, size: int) -> np.ndarray:
+        return sampling_loops.draws(loop, lambda count: _words(part, count), arguments, size, words_per_draw)
+    return _in_blocks(source, n, block)
+
+
+def _words(source: RandomSource, count: int) -> np.ndarray:
+    """`count` uniform 16-bit words, in the machine's byte order, read-only."""
+    return np.frombuffer(source.random_bytes(2 * count), dtype="<u2").astype(np.uint16, copy=False)
 
 
 def _discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:

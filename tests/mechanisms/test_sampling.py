@@ -1,14 +1,18 @@
 """Tests for dprun.mechanisms.sampling: exact-law checks and the randomness contract.
 
 Every statistical assertion is calibrated so that a correct sampler fails it
-with probability at most about ALPHA = 1e-8 (exact binomial tails, chi-square
+with probability at most about ALPHA = 5e-9 (exact binomial tails, chi-square
 tails with at least MIN_EXPECTED per cell, or Z = 6 standard errors on a
-mean). The file makes about 55 such assertions, so a correct implementation
+mean). The file makes about 100 such assertions, so a correct implementation
 fails a run spuriously less than once in a million runs.
 
 Each run is fresh: the `seeded` fixture draws a seed from os.urandom and
 samples from RandomSource.from_seed(seed). The seed is in every assertion
 message; DPRUN_TEST_SEED=<seed> replays a failing test on the same draws.
+
+The discrete Laplace and Gaussian laws are checked on both paths a draw can take
+(`path`): numpy's passes, and the compiled loops of `sampling_loops` that draws of
+COMPILED_FROM_DRAWS or more take.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from dprun.mechanisms import sampling
+from dprun.mechanisms import sampling, sampling_loops
 from dprun.mechanisms.sampling import (
     MAX_SCALE,
     RandomSource,
@@ -34,7 +38,7 @@ from dprun.mechanisms.sampling import (
     discrete_laplace,
 )
 
-ALPHA = 1e-8
+ALPHA = 5e-9
 Z = 6.0  # two-sided normal tail 2e-9
 MIN_EXPECTED = 500  # keeps the chi-square approximation sound out to ALPHA
 N = 10**6
@@ -141,6 +145,14 @@ LAWS = {"discrete_laplace": laplace_law, "discrete_gaussian": gaussian_law}
 CELL_SPAN = {"discrete_laplace": 10.0, "discrete_gaussian": 5.5}
 
 
+@pytest.fixture(params=["numpy", "compiled"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The samplers' numpy passes, or their compiled loops, for draws of every size."""
+    threshold = 2**62 if request.param == "numpy" else 0
+    monkeypatch.setattr(sampling_loops, "COMPILED_FROM_DRAWS", threshold)
+    return str(request.param)
+
+
 def draw(name: str, scale: float, seeded: Seeded) -> np.ndarray:
     x = SAMPLERS[name](seeded.source, scale, N)
     assert x.dtype == np.int64 and x.shape == (N,)
@@ -148,7 +160,7 @@ def draw(name: str, scale: float, seeded: Seeded) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("name", "scale"), SYMMETRIC_CASES)
-def test_symmetric_sampler_fits_exact_pmf(name: str, scale: float, seeded: Seeded) -> None:
+def test_symmetric_sampler_fits_exact_pmf(name: str, scale: float, seeded: Seeded, path: str) -> None:
     x = draw(name, scale, seeded)
     span = CELL_SPAN[name]
     edges = scale * np.linspace(-span, span, 121)
@@ -157,7 +169,7 @@ def test_symmetric_sampler_fits_exact_pmf(name: str, scale: float, seeded: Seede
 
 
 @pytest.mark.parametrize(("name", "scale"), SYMMETRIC_CASES)
-def test_symmetric_sampler_mean_and_variance(name: str, scale: float, seeded: Seeded) -> None:
+def test_symmetric_sampler_mean_and_variance(name: str, scale: float, seeded: Seeded, path: str) -> None:
     law = LAWS[name](scale)
     y = draw(name, scale, seeded) / scale
     mean, second = float(y.mean()), float(np.mean(y**2))
@@ -170,7 +182,7 @@ def test_symmetric_sampler_mean_and_variance(name: str, scale: float, seeded: Se
 
 
 @pytest.mark.parametrize(("name", "scale"), SYMMETRIC_CASES)
-def test_symmetric_sampler_tail_mass(name: str, scale: float, seeded: Seeded) -> None:
+def test_symmetric_sampler_tail_mass(name: str, scale: float, seeded: Seeded, path: str) -> None:
     k = math.ceil(3.5 * scale)
     exact = LAWS[name](scale).two_sided_tail(k)
     hits = int(np.count_nonzero(np.abs(draw(name, scale, seeded)) >= k))
@@ -314,7 +326,7 @@ def test_seeded_stream_ignores_how_reads_are_split(seed: int, reads: list[int]) 
 
 @pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
 def test_blocks_of_a_large_draw_are_independent_and_the_same_on_any_cores(
-        sampler: Callable[..., np.ndarray], seeded: Seeded, monkeypatch: pytest.MonkeyPatch) -> None:
+        sampler: Callable[..., np.ndarray], seeded: Seeded, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """A draw of four blocks and a bit: no two blocks' draws are correlated (children sharing
     a stream would repeat a block), and a test seed gives the same numbers on 1 and 8 cores."""
     block = sampling.DRAWS_PER_BLOCK
@@ -396,7 +408,7 @@ def test_hash_seeds_are_four_uint64_ints() -> None:
 
 
 @pytest.mark.parametrize("sampler", [discrete_laplace, discrete_gaussian])
-def test_samplers_return_int64_and_handle_empty(sampler: Callable[..., np.ndarray]) -> None:
+def test_samplers_return_int64_and_handle_empty(sampler: Callable[..., np.ndarray], path: str) -> None:
     source = RandomSource.system()
     assert sampler(source, 2.0, 0).dtype == np.int64
     assert sampler(source, 2.0, 0).shape == (0,)
