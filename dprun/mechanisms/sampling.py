@@ -6,7 +6,9 @@ deterministic stream for tests, marked ``is_test_seed = True`` so callers
 can tell a reproducible test run from a release. Samplers are vectorised over
 numpy arrays; a large draw is made in blocks on threads, each block from its own
 independent source (`RandomSource.split`: fresh system sources, or child streams
-of a test seed).
+of a test seed). A call for `sampling_loops.COMPILED_FROM_DRAWS` discrete Laplace or
+Gaussian draws or more makes them with the same algorithms in loops numba compiles
+(`dprun.mechanisms.sampling_loops`).
 
 Exactness: the discrete Laplace is sampled exactly, in integer arithmetic
 ([CKS20] Algorithms 1 and 2: a uniform integer below a bound, Bernoulli(exp(-γ))

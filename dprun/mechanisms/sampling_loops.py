@@ -48,8 +48,11 @@ from typing import Any
 
 import numpy as np
 
-# Draws of one call from which the compiled loops make them: below, loading them (numba's import
-# and its cached machine code, ~0.4 s of a core) costs more than the ~0.3 µs a draw they save.
+# Draws of one call from which the compiled loops make them. They save 0.1–0.4 s of wall per 10^6
+# draws on two cores (benchmarks/bench_sampling.py). A release with that many noise values or
+# candidates mostly has an input of 2^23 rows or more, whose compiled passes have loaded numba:
+# the loops then load from numba's cache in ~0.02 s. Where numba is not loaded (a million public
+# partitions of a small input), its import costs ~0.5 s of a core, what a few million draws save.
 COMPILED_FROM_DRAWS = 2**19
 
 OUT_OF_WORDS = -1
