@@ -44,7 +44,6 @@ import math
 import threading
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
@@ -71,37 +70,23 @@ _UINT32_MASK = 0xFFFFFFFF
 LAPLACE_WORDS = 8
 GAUSSIAN_WORDS = 12
 
-LaplaceLoop = Callable[[np.ndarray, np.ndarray, int, int, np.ndarray, int], tuple[int, int]]
-GaussianLoop = Callable[[np.ndarray, np.ndarray, float, int, np.ndarray, int], tuple[int, int]]
+Loop = Callable[[np.ndarray, np.ndarray, int, int, float, np.ndarray, int], tuple[int, int]]
 
 
-def laplace_loop(words: np.ndarray, digits: np.ndarray, s: int, shift: int, out: np.ndarray,
-                 start: int) -> tuple[int, int]:
-    """Fills out[start:] with discrete Laplace draws for t = s / 2**shift ([CKS20] Algorithm 2)
-    from `words`, `digits` being `exp_minus_one_digits()`; returns how far it filled and the
-    first word it did not use."""
+def draw_loop(words: np.ndarray, digits: np.ndarray, s: int, shift: int, sigma: float, out: np.ndarray,
+              start: int) -> tuple[int, int]:
+    """Fills out[start:] from `words`, `digits` being `exp_minus_one_digits()`: where sigma is 0,
+    with discrete Laplace draws for t = s / 2**shift ([CKS20] Algorithm 2); else with discrete
+    Gaussian draws of scale sigma, proposing from the discrete Laplace with t = s = floor(σ) + 1
+    ([CKS20] Algorithm 3). Returns how far it filled and the first word it did not use."""
     uniform = uniform_limit(s)
     position = 0
     index = start
     while index < out.size:
-        value, after = laplace_draw(words, position, digits, s, shift, uniform)
-        if after == OUT_OF_WORDS:
-            break
-        out[index] = value
-        position = after
-        index += 1
-    return index, position
-
-
-def gaussian_loop(words: np.ndarray, digits: np.ndarray, sigma: float, t: int, out: np.ndarray,
-                  start: int) -> tuple[int, int]:
-    """Fills out[start:] with discrete Gaussian draws of scale `sigma`, proposing from the discrete
-    Laplace with t = floor(σ) + 1 ([CKS20] Algorithm 3); otherwise as `laplace_loop`."""
-    uniform = uniform_limit(t)
-    position = 0
-    index = start
-    while index < out.size:
-        value, after = gaussian_draw(words, position, digits, sigma, t, uniform)
+        if sigma > 0:
+            value, after = gaussian_draw(words, position, digits, sigma, s, uniform)
+        else:
+            value, after = laplace_draw(words, position, digits, s, shift, uniform)
         if after == OUT_OF_WORDS:
             break
         out[index] = value
@@ -204,10 +189,9 @@ def bernoulli_ratio(words: np.ndarray, position: int, a: int, b: int) -> tuple[b
     of a/b's, estimated in float64; those are decided by exact long division, 16 bits at a time."""
     if a == 0 or a == b:
         return a == b, position
-    if position >= words.size:
+    word, position = next_word(words, position)
+    if position == OUT_OF_WORDS:
         return False, OUT_OF_WORDS
-    word = int(words[position])
-    position += 1
     estimate = int(a / b * _WORD)
     if word < estimate - 1:
         return True, position
@@ -226,31 +210,31 @@ def bernoulli_ratio(words: np.ndarray, position: int, a: int, b: int) -> tuple[b
             return word < digit, position
         if remainder == 0:
             return False, position
-        if position >= words.size:
+        word, position = next_word(words, position)
+        if position == OUT_OF_WORDS:
             return False, OUT_OF_WORDS
-        word = int(words[position])
-        position += 1
 
 
 def bernoulli_float(words: np.ndarray, position: int, p: float) -> tuple[bool, int]:
     """Is Ω < p, for a float p in [0, 1]? Ω's bits against p's binary digits, 16 at a time."""
-    if position >= words.size:
-        return False, OUT_OF_WORDS
-    word = int(words[position])
-    position += 1
     scaled = p * _WORD
     digit = int(scaled)
-    while word == digit:
+    word, position = next_word(words, position)
+    while position != OUT_OF_WORDS and word == digit:
         fraction = scaled - digit
         if fraction == 0.0:
             return False, position
-        if position >= words.size:
-            return False, OUT_OF_WORDS
-        word = int(words[position])
-        position += 1
         scaled = fraction * _WORD
         digit = int(scaled)
-    return word < digit, position
+        word, position = next_word(words, position)
+    return position != OUT_OF_WORDS and word < digit, position
+
+
+def next_word(words: np.ndarray, position: int) -> tuple[int, int]:
+    """The word at `position` and the position after it, or (0, OUT_OF_WORDS) past the last."""
+    if position >= words.size:
+        return 0, OUT_OF_WORDS
+    return int(words[position]), position + 1
 
 
 def uniform_limit(s: int) -> int:
@@ -303,12 +287,12 @@ def exp_minus_one_digits() -> np.ndarray:
 
 
 _HELPERS = (gaussian_draw, laplace_draw, exp_minus_one_successes, below_digits, bernoulli_exp_minus,
-            bernoulli_ratio, bernoulli_float, uniform_limit, uniform_below)
+            bernoulli_ratio, bernoulli_float, next_word, uniform_limit, uniform_below)
 _loading = threading.Lock()
 
 
 @functools.cache
-def _compile() -> tuple[LaplaceLoop, GaussianLoop]:
+def _compile() -> Loop:
     from numba import types
     from numba.extending import register_jitable
 
@@ -319,19 +303,20 @@ def _compile() -> tuple[LaplaceLoop, GaussianLoop]:
     words = types.Array(types.uint16, 1, "C", readonly=True)
     out = types.Array(types.int64, 1, "C")
     result = types.UniTuple(types.int64, 2)
-    return (njit_cached([result(words, words, types.int64, types.int64, out, types.int64)], laplace_loop),
-            njit_cached([result(words, words, types.float64, types.int64, out, types.int64)], gaussian_loop))
+    loop: Loop = njit_cached([result(words, words, types.int64, types.int64, types.float64, out, types.int64)],
+                             draw_loop)
+    return loop
 
 
-def compiled() -> tuple[LaplaceLoop, GaussianLoop]:
-    """The two loops, compiled (or loaded from numba's cache) by the first call in the process."""
+def compiled() -> Loop:
+    """`draw_loop`, compiled (or loaded from numba's cache) by the first call in the process."""
     with _loading:
         return _compile()
 
 
-def draws(loop: Callable[..., tuple[int, int]], read_words: Callable[[int], np.ndarray], arguments: tuple[Any, ...],
-          n: int, words_per_draw: int) -> np.ndarray:
-    """n draws of `loop(words, exp_minus_one_digits(), *arguments, out, start)`, its words read by
+def draws(loop: Loop, read_words: Callable[[int], np.ndarray], s: int, shift: int, sigma: float, n: int,
+          words_per_draw: int) -> np.ndarray:
+    """n draws of `loop(words, exp_minus_one_digits(), s, shift, sigma, out, start)`, its words read by
     `read_words(count)`: n · words_per_draw at first, then, while draws are missing, as many more
     as the last call used per draw, and a little more."""
     out = np.empty(n, dtype=np.int64)
@@ -341,7 +326,7 @@ def draws(loop: Callable[..., tuple[int, int]], read_words: Callable[[int], np.n
     rate = float(words_per_draw)
     while True:
         before = filled
-        filled, used = loop(words, digits, *arguments, out, filled)
+        filled, used = loop(words, digits, s, shift, sigma, out, filled)
         if filled == n:
             return out
         if filled > before:

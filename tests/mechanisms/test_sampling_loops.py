@@ -23,9 +23,15 @@ LAPLACE_CASES = [  # (t, why)
 GAUSSIAN_SIGMAS = [0.5, 10.0, 1e4]
 
 
-def laplace_arguments(t: float) -> tuple[int, int]:
+def laplace_arguments(t: float) -> tuple[int, int, float]:
+    """`draw_loop`'s s, shift and sigma for the discrete Laplace of scale t."""
     s, r = t.as_integer_ratio()
-    return s, min(r.bit_length() - 1, 63)
+    return s, min(r.bit_length() - 1, 63), 0.0
+
+
+def gaussian_arguments(sigma: float) -> tuple[int, int, float]:
+    """`draw_loop`'s s, shift and sigma for the discrete Gaussian of scale sigma."""
+    return math.floor(sigma) + 1, 0, sigma
 
 
 def reader(seed: int) -> Callable[[int], np.ndarray]:
@@ -37,46 +43,38 @@ def words(values: list[int]) -> np.ndarray:
     return np.array(values, dtype=np.uint16)
 
 
-@pytest.mark.parametrize(("t", "why"), LAPLACE_CASES)
-def test_the_compiled_laplace_loop_draws_what_its_python_source_draws(t: float, why: str) -> None:
-    laplace, _ = loops.compiled()
+CASES = [laplace_arguments(t) for t, _ in LAPLACE_CASES] + [gaussian_arguments(sigma) for sigma in GAUSSIAN_SIGMAS]
+CASE_IDS = [f"laplace {why}" for _, why in LAPLACE_CASES] + [f"gaussian {sigma:g}" for sigma in GAUSSIAN_SIGMAS]
+
+
+@pytest.mark.parametrize("arguments", CASES, ids=CASE_IDS)
+def test_the_compiled_loop_draws_what_its_python_source_draws(arguments: tuple[int, int, float]) -> None:
     stream = reader(1)(20_000)
-    arguments = (loops.exp_minus_one_digits(), *laplace_arguments(t))
+    digits = loops.exp_minus_one_digits()
     python_out, compiled_out = np.zeros(1000, dtype=np.int64), np.zeros(1000, dtype=np.int64)
-    assert loops.laplace_loop(stream, *arguments, python_out, 0) == laplace(stream, *arguments, compiled_out, 0), why
-    assert np.array_equal(python_out, compiled_out), why
-
-
-@pytest.mark.parametrize("sigma", GAUSSIAN_SIGMAS)
-def test_the_compiled_gaussian_loop_draws_what_its_python_source_draws(sigma: float) -> None:
-    _, gaussian = loops.compiled()
-    stream = reader(2)(20_000)
-    arguments = (loops.exp_minus_one_digits(), sigma, math.floor(sigma) + 1)
-    python_out, compiled_out = np.zeros(1000, dtype=np.int64), np.zeros(1000, dtype=np.int64)
-    assert loops.gaussian_loop(stream, *arguments, python_out, 0) == gaussian(stream, *arguments, compiled_out, 0)
+    assert loops.draw_loop(stream, digits, *arguments, python_out, 0) == loops.compiled()(
+        stream, digits, *arguments, compiled_out, 0)
     assert np.array_equal(python_out, compiled_out)
 
 
 def test_a_loop_out_of_words_stops_where_its_unfinished_draw_began() -> None:
-    laplace, _ = loops.compiled()
+    loop = loops.compiled()
     stream = reader(3)(5_000)
     arguments = (loops.exp_minus_one_digits(), *laplace_arguments(10.0))
     whole = np.zeros(300, dtype=np.int64)
-    laplace(stream, *arguments, whole, 0)
+    loop(stream, *arguments, whole, 0)
     cut = np.zeros(300, dtype=np.int64)
-    filled, used = laplace(stream[:1000], *arguments, cut, 0)
+    filled, used = loop(stream[:1000], *arguments, cut, 0)
     assert 0 < filled < 300 and used <= 1000
     # Given the rest of the stream from where it stopped, it goes on as if never stopped.
-    assert laplace(stream[used:], *arguments, cut, filled)[0] == 300
+    assert loop(stream[used:], *arguments, cut, filled)[0] == 300
     assert np.array_equal(cut, whole)
 
 
-@pytest.mark.parametrize("loop", ["laplace", "gaussian"])
-def test_draws_are_the_same_however_the_stream_is_cut_into_reads(loop: str) -> None:
-    laplace, gaussian = loops.compiled()
-    compiled, arguments = (laplace, laplace_arguments(7.5)) if loop == "laplace" else (gaussian, (7.5, 8))
-    one_read = loops.draws(compiled, reader(4), arguments, 20_000, 100)
-    many_reads = loops.draws(compiled, reader(4), arguments, 20_000, 1)
+@pytest.mark.parametrize("arguments", [laplace_arguments(7.5), gaussian_arguments(7.5)], ids=["laplace", "gaussian"])
+def test_draws_are_the_same_however_the_stream_is_cut_into_reads(arguments: tuple[int, int, float]) -> None:
+    one_read = loops.draws(loops.compiled(), reader(4), *arguments, 20_000, 100)
+    many_reads = loops.draws(loops.compiled(), reader(4), *arguments, 20_000, 1)
     assert np.array_equal(one_read, many_reads)
     assert np.unique(one_read).size > 20
 
