@@ -213,9 +213,7 @@ def discrete_laplace(source: RandomSource, t: float, n: int) -> np.ndarray:
     t = _check_scale("t", t)
     n = _check_count(n)
     if n >= sampling_loops.COMPILED_FROM_DRAWS:
-        s, r = t.as_integer_ratio()
-        # r is a power of two; U + s·V < 2**63, so a shift of 63 leaves 0 as any larger one would.
-        return _compiled_draws(source, n, s, min(r.bit_length() - 1, 63), 0.0, sampling_loops.LAPLACE_WORDS)
+        return _compiled_draws(source, n, sampling_loops.laplace_arguments(t), sampling_loops.LAPLACE_WORDS)
     return _in_blocks(source, n, lambda part, size: _discrete_laplace(part, t, size))
 
 
@@ -233,7 +231,7 @@ def discrete_gaussian(source: RandomSource, sigma: float, n: int) -> np.ndarray:
     sigma = _check_scale("sigma", sigma)
     n = _check_count(n)
     if n >= sampling_loops.COMPILED_FROM_DRAWS:
-        return _compiled_draws(source, n, math.floor(sigma) + 1, 0, sigma, sampling_loops.GAUSSIAN_WORDS)
+        return _compiled_draws(source, n, sampling_loops.gaussian_arguments(sigma), sampling_loops.GAUSSIAN_WORDS)
     return _in_blocks(source, n, lambda part, size: _discrete_gaussian(part, sigma, size))
 
 
@@ -307,12 +305,13 @@ def _in_blocks(source: RandomSource, n: int, draw: Callable[[RandomSource, int],
         return np.concatenate(list(pool.map(draw, parts, sizes)))
 
 
-def _compiled_draws(source: RandomSource, n: int, s: int, shift: int, sigma: float, words_per_draw: int) -> np.ndarray:
-    """n draws of the compiled loop (`sampling_loops.draws`), in blocks as `_in_blocks` makes them."""
+def _compiled_draws(source: RandomSource, n: int, arguments: tuple[int, int, float], words_per_draw: int) -> np.ndarray:
+    """n draws of the compiled loop for its (s, shift, sigma) `arguments` (`sampling_loops.draws`), in
+    blocks as `_in_blocks` makes them."""
     loop = sampling_loops.compiled()
 
     def block(part: RandomSource, size: int) -> np.ndarray:
-        return sampling_loops.draws(loop, lambda count: _words(part, count), s, shift, sigma, size, words_per_draw)
+        return sampling_loops.draws(loop, lambda count: _words(part, count), *arguments, size, words_per_draw)
     return _in_blocks(source, n, block)
 
 

@@ -95,6 +95,20 @@ def draw_loop(words: np.ndarray, digits: np.ndarray, s: int, shift: int, sigma: 
     return index, position
 
 
+def laplace_arguments(t: float) -> tuple[int, int, float]:
+    """`draw_loop`'s s, shift and sigma for the discrete Laplace of scale t = s / 2**shift (the exact
+    ratio of the float t, whose denominator is a power of two). U + s·V < 2**63, so a shift of 63
+    leaves 0 as any larger one would."""
+    s, r = t.as_integer_ratio()
+    return s, min(r.bit_length() - 1, 63), 0.0
+
+
+def gaussian_arguments(sigma: float) -> tuple[int, int, float]:
+    """`draw_loop`'s s, shift and sigma for the discrete Gaussian of scale sigma: proposals from the
+    discrete Laplace with t = s = floor(σ) + 1."""
+    return math.floor(sigma) + 1, 0, sigma
+
+
 def gaussian_draw(words: np.ndarray, position: int, digits: np.ndarray, sigma: float, t: int,
                   uniform: int) -> tuple[int, int]:
     """One discrete Gaussian draw: a discrete Laplace proposal Y, kept with probability
@@ -282,8 +296,10 @@ def exp_minus_one_digits() -> np.ndarray:
     low, high = math.floor((partial - error) * 2**bits), math.floor((partial + error) * 2**bits)
     if low != high:
         raise ArithmeticError("exp(-1)'s digits are not settled by the partial sum")
-    return np.array([(low >> (16 * (EXP_MINUS_ONE_WORDS - 1 - index))) & 0xFFFF
-                     for index in range(EXP_MINUS_ONE_WORDS)], dtype=np.uint16)
+    digits = np.array([(low >> (16 * (EXP_MINUS_ONE_WORDS - 1 - index))) & 0xFFFF
+                       for index in range(EXP_MINUS_ONE_WORDS)], dtype=np.uint16)
+    digits.setflags(write=False)  # shared by every call (cached)
+    return digits
 
 
 _HELPERS = (gaussian_draw, laplace_draw, exp_minus_one_successes, below_digits, bernoulli_exp_minus,

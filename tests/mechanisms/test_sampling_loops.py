@@ -4,7 +4,6 @@ almost never shows. The laws of their draws are checked in test_sampling.py (its
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from decimal import Decimal, getcontext
 
@@ -23,17 +22,6 @@ LAPLACE_CASES = [  # (t, why)
 GAUSSIAN_SIGMAS = [0.5, 10.0, 1e4]
 
 
-def laplace_arguments(t: float) -> tuple[int, int, float]:
-    """`draw_loop`'s s, shift and sigma for the discrete Laplace of scale t."""
-    s, r = t.as_integer_ratio()
-    return s, min(r.bit_length() - 1, 63), 0.0
-
-
-def gaussian_arguments(sigma: float) -> tuple[int, int, float]:
-    """`draw_loop`'s s, shift and sigma for the discrete Gaussian of scale sigma."""
-    return math.floor(sigma) + 1, 0, sigma
-
-
 def reader(seed: int) -> Callable[[int], np.ndarray]:
     source = RandomSource.from_seed(seed)
     return lambda count: _words(source, count)
@@ -43,7 +31,8 @@ def words(values: list[int]) -> np.ndarray:
     return np.array(values, dtype=np.uint16)
 
 
-CASES = [laplace_arguments(t) for t, _ in LAPLACE_CASES] + [gaussian_arguments(sigma) for sigma in GAUSSIAN_SIGMAS]
+CASES = ([loops.laplace_arguments(t) for t, _ in LAPLACE_CASES]
+         + [loops.gaussian_arguments(sigma) for sigma in GAUSSIAN_SIGMAS])
 CASE_IDS = [f"laplace {why}" for _, why in LAPLACE_CASES] + [f"gaussian {sigma:g}" for sigma in GAUSSIAN_SIGMAS]
 
 
@@ -60,7 +49,7 @@ def test_the_compiled_loop_draws_what_its_python_source_draws(arguments: tuple[i
 def test_a_loop_out_of_words_stops_where_its_unfinished_draw_began() -> None:
     loop = loops.compiled()
     stream = reader(3)(5_000)
-    arguments = (loops.exp_minus_one_digits(), *laplace_arguments(10.0))
+    arguments = (loops.exp_minus_one_digits(), *loops.laplace_arguments(10.0))
     whole = np.zeros(300, dtype=np.int64)
     loop(stream, *arguments, whole, 0)
     cut = np.zeros(300, dtype=np.int64)
@@ -71,7 +60,8 @@ def test_a_loop_out_of_words_stops_where_its_unfinished_draw_began() -> None:
     assert np.array_equal(cut, whole)
 
 
-@pytest.mark.parametrize("arguments", [laplace_arguments(7.5), gaussian_arguments(7.5)], ids=["laplace", "gaussian"])
+@pytest.mark.parametrize("arguments", [loops.laplace_arguments(7.5), loops.gaussian_arguments(7.5)],
+                         ids=["laplace", "gaussian"])
 def test_draws_are_the_same_however_the_stream_is_cut_into_reads(arguments: tuple[int, int, float]) -> None:
     one_read = loops.draws(loops.compiled(), reader(4), *arguments, 20_000, 100)
     many_reads = loops.draws(loops.compiled(), reader(4), *arguments, 20_000, 1)
