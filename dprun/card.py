@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import polars as pl
     from matplotlib.figure import Figure
 
+    from dprun.mechanisms.selection import SelectionMechanism
     from dprun.plan import Plan, QueryPlan
 
 # Partitions drawn per metric chart (the largest released values); the table has more.
@@ -484,11 +485,16 @@ def _budget_chart(rows: tuple[tuple[str, tuple[Segment, ...]], ...]) -> str:
 
 
 def _keep_chart(query: QueryPlan) -> str | None:
-    from dprun.mechanisms.selection import keep_probability, units_to_keep
-
+    """The keep curve of a query with private selection, else None."""
     detail = query.selection.detail
     if query.selection.mode != "private" or detail is None:
         return None
+    return _keep_curve(detail)
+
+
+def _keep_curve(detail: SelectionMechanism) -> str:
+    from dprun.mechanisms.selection import keep_probability, units_to_keep
+
     half, most = units_to_keep(detail, 0.5), units_to_keep(detail, 0.95)
     units = np.unique(np.linspace(0, math.ceil(most * 1.3) + 1, KEEP_CURVE_POINTS).astype(np.int64))
     figure = _new_figure(2.6)
@@ -510,15 +516,19 @@ def _metric_chart(table: pl.DataFrame, keys: list[str], name: str, halves: np.nd
         return None
     order = finite[np.argsort(-values[finite], kind="stable")][:CHART_PARTITIONS]
     labels = [_key_label(table, keys, int(row)) for row in order]
-    figure = _new_figure(1.0 + 0.28 * len(order), constrained=False)
+    shown = None if halves is None else np.nan_to_num(halves[order], nan=0.0)
+    return _errorbar_chart(values[order], labels, shown, _plain(name))
+
+
+def _errorbar_chart(values: np.ndarray, labels: list[str], halves: np.ndarray | None, xlabel: str) -> str:
+    """A dot per value, top to bottom, with its error bar (half-widths `halves`) and its label."""
+    figure = _new_figure(1.0 + 0.28 * len(values), constrained=False)
     _fit_margins(figure, labels)
     axes = figure.add_subplot()
-    shown = None if halves is None else np.nan_to_num(halves[order], nan=0.0)
-    axes.errorbar(values[order], range(len(order)), xerr=shown, fmt="o", color="#4c78a8", ecolor="#7f7f7f",
-                  capsize=3)
-    axes.set_yticks(range(len(order)), labels)
+    axes.errorbar(values, range(len(values)), xerr=halves, fmt="o", color="#4c78a8", ecolor="#7f7f7f", capsize=3)
+    axes.set_yticks(range(len(values)), labels)
     axes.invert_yaxis()
-    axes.set_xlabel(_plain(name))
+    axes.set_xlabel(xlabel)
     return _svg(figure)
 
 

@@ -12,11 +12,13 @@ session ends. Where the server binaries or psycopg are missing, the tests that n
 skipped with the reason. PostgreSQL refuses to run as root, so as root it runs as the
 `postgres` user the package creates.
 
-Writing a chart's SVG (matplotlib's `savefig`) is a tenth of the suite's time, most of it in
-tests of tables that never read a chart. Outside the modules in DRAWN and the tests marked
-`draws_charts`, `card._svg` returns a placeholder: the charts' figures are still built, the card
+Drawing a chart (building its matplotlib figure, then writing its SVG) was a fifth of the suite's
+time, most of it in tests of tables that never read a chart. Outside the modules in DRAWN and the
+tests marked `draws_charts`, the card's drawing functions (`dprun_testing.CHART_DRAWINGS`) return
+a placeholder: the card still decides which charts there are and computes what each shows, and is
 still written; the card's own tests, the adversarial inputs', the column families' and the fuzzed
-hostile keys' draw every chart.
+hostile keys' draw every chart. The runs that the publication and ledger tests start as processes
+draw placeholders too (`dprun_testing.CHARTLESS_DPRUN`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dprun_testing import CHART_DRAWINGS, PLACEHOLDER_SVG
+
 from dprun import card
 from dprun.malloc_tuning import keep_freed_memory
 from dprun.mechanisms.sampling import RandomSource
@@ -50,7 +54,6 @@ keep_freed_memory()
 # `draws_charts` (the fuzzed hostile keys). The other fuzz tests run a hundred cases each, and the
 # card's budget chart, the same for every case, was two fifths of their time.
 DRAWN = frozenset({"test_card", "test_card_helper", "test_adversarial", "test_column_families"})
-PLACEHOLDER_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"></svg>'
 
 
 # Modules whose tests share one costly process-wide resource (a Spark JVM: ~20 s to start and warm
@@ -68,7 +71,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _charts_drawn_only_where_looked_at(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     drawn = request.module.__name__.rpartition(".")[2] in DRAWN or request.node.get_closest_marker("draws_charts")
     if not drawn:
-        monkeypatch.setattr(card, "_svg", lambda figure: PLACEHOLDER_SVG)
+        for drawing in CHART_DRAWINGS:
+            monkeypatch.setattr(card, drawing, lambda *arguments: PLACEHOLDER_SVG)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
-from dprun_testing import invoke
+from dprun_testing import chartless_dprun, invoke
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planted_secrets import (
@@ -496,7 +496,7 @@ def test_concurrent_publications_leave_one_whole_release(pause: float, runners: 
         spec.write_text(json.dumps(spec_document()))
         env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
         env["DPRUN_TEST_PUBLISH_PAUSE"] = str(pause)
-        racers = [subprocess.Popen([sys.executable, "-m", "dprun", "run", str(spec), "--overwrite"],
+        racers = [subprocess.Popen(chartless_dprun("run", str(spec), "--overwrite"),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
                   for _ in range(runners)]
         errors = [racer.communicate(timeout=CASE_SECONDS * 2)[1] for racer in racers]

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import Result
-from dprun_testing import everything, fresh_seed, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
+from dprun_testing import chartless_dprun, everything, fresh_seed, invoke_clean, no_ambient_ledger  # noqa: F401 (a fixture)
 
 from dprun import api
 from dprun.errors import AlreadyReleased, BudgetRefused
@@ -135,7 +135,7 @@ def subprocess_env() -> dict[str, str]:
 
 def start(spec: Path, seed: int, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "dprun", "run", str(spec), "--seed", str(seed), *extra],
+        chartless_dprun("run", str(spec), "--seed", str(seed), *extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=spec.parent, env=subprocess_env(),
     )
 

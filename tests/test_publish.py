@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from dprun_testing import everything, fresh_seed, invoke
+from dprun_testing import chartless_dprun, everything, fresh_seed, invoke
 from planted_secrets import planted, spec_document, write_spec
 
 from dprun import publish
@@ -49,7 +49,7 @@ def verified_release(report: Path, seed: int) -> str:
 def dprun_process(spec: Path, pause: float) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DPRUN_LEDGER", "DPRUN_DEBUG")}
     env[publish.PAUSE_VARIABLE] = str(pause)
-    return subprocess.Popen([sys.executable, "-m", "dprun", "run", str(spec), "--overwrite"],
+    return subprocess.Popen(chartless_dprun("run", str(spec), "--overwrite"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
 
 

@@ -23,6 +23,8 @@ import numpy as np
 import polars as pl
 import pytest
 from dprun_testing import (  # noqa: F401 (a fixture)
+    CHARTLESS_DPRUN,
+    chartless_dprun,
     everything,
     fresh_seed,
     invoke,
@@ -35,24 +37,21 @@ from dprun import api
 pytestmark = pytest.mark.usefixtures("no_ambient_ledger")
 
 # Eight racers on two cores: four times as many processes as cores reach the ledger at once, and
-# three of them must be refused each round. Each racer is a whole `dprun run` (~1.1 s of a core with
-# its card helper): sixteen made this file a seventh of the suite's CPU time.
+# three of them must be refused each round. Each racer is a whole `dprun run` without charts (~1 s of
+# a core; twice that with its card helper): sixteen made this file a seventh of the suite's CPU time.
 RACERS = 8
 ROUNDS = 3
 LIFETIME_EPSILON = 5.0
 # Imports dprun first, says so (a file named for its process), then waits for the start file:
-# the racers then reach the ledger together.
+# the racers then reach the ledger together. Then `dprun ARGS` without charts.
 RACER = """
 import os, pathlib, sys, time
 import dprun.api, dprun.cli
-start = pathlib.Path(sys.argv[1])
+start = pathlib.Path(sys.argv.pop(1))
 start.with_name(f"{start.name}.ready-{os.getpid()}").touch()
 while not start.exists():
     time.sleep(0.001)
-sys.argv = ["dprun", *sys.argv[2:]]
-from dprun.launcher import main
-main()
-"""
+""" + CHARTLESS_DPRUN
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -174,7 +173,7 @@ def test_a_killed_runner_s_reservation_stays_spent_until_an_operator_abandons_it
     cost = cost_of(spec)
     # The run pauses while it publishes (a test-only hook), long after it reserved its spend.
     process = subprocess.Popen(
-        [sys.executable, "-m", "dprun", "run", str(spec), "--seed", str(seed), "--ledger", ledger_at],
+        chartless_dprun("run", str(spec), "--seed", str(seed), "--ledger", ledger_at),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
         env={**subprocess_env(), "DPRUN_TEST_PUBLISH_PAUSE": "60"})
     try:
