@@ -54,7 +54,7 @@ main()
 
 
 def chartless_dprun(*args: str) -> list[str]:
-    """The command line of `dprun ARGS` as a process whose card has no charts (`CHARTLESS_DPRUN`)."""
+    """The command line of `dprun ARGS` as a process whose card's charts are placeholders (`CHARTLESS_DPRUN`)."""
     return [sys.executable, "-c", CHARTLESS_DPRUN, *args]
 
 
