@@ -155,13 +155,15 @@ def grid_sensitivity(linf_units: int, unit_exponent: int, grid_exponent: int) ->
     return -(-linf_units >> shift) + 1
 
 
-def to_grid(aggregates: pl.Series, unit_exponent: int, grid_exponent: int) -> pl.Series:
-    """Exact integer aggregates (units of 2**unit_exponent) in grid units, rounded half up, as Int128."""
-    values = aggregates.cast(pl.Int128)
+def to_grid(aggregates: pl.Series, unit_exponent: int, grid_exponent: int,
+            dtype: type[pl.Int64] | type[pl.Int128] = pl.Int128) -> pl.Series:
+    """Exact integer aggregates (units of 2**unit_exponent) in grid units, rounded half up, as Int128
+    (or Int64 where the caller knows that every step fits it: `_fits_int64`)."""
+    values = aggregates.cast(dtype)
     shift = grid_exponent - unit_exponent
     if shift <= 0:
-        return values * pl.Series([1 << -shift], dtype=pl.Int128)
-    return (values + pl.Series([1 << (shift - 1)], dtype=pl.Int128)) // pl.Series([1 << shift], dtype=pl.Int128)
+        return values * pl.Series([1 << -shift], dtype=dtype)
+    return (values + pl.Series([1 << (shift - 1)], dtype=dtype)) // pl.Series([1 << shift], dtype=dtype)
 
 
 def add_noise(aggregates: pl.Series, unit_exponent: int, noise: NoisePlan, source: RandomSource) -> np.ndarray:
@@ -177,27 +179,23 @@ def add_noise(aggregates: pl.Series, unit_exponent: int, noise: NoisePlan, sourc
 def noisy_on_grid(aggregates: pl.Series, unit_exponent: int, grid_exponent: int, draws: np.ndarray) -> np.ndarray:
     """The aggregates in grid units (`to_grid`) plus the integer draws, each sum rounded to float64.
 
-    In int64 where no step can leave it (numpy: less than half the time of Polars' Int128 over
-    10^6 values), else in Int128; the integers are the same either way, and both conversions
-    round to the nearest float64, ties to even (tested)."""
-    if _fits_int64(aggregates, unit_exponent, grid_exponent, draws):
-        values = aggregates.cast(pl.Int64).to_numpy()
-        shift = grid_exponent - unit_exponent
-        on_grid = values << -shift if shift <= 0 else (values + (1 << (shift - 1))) >> shift
-        return (on_grid + draws).astype(np.float64)
-    on_grid_int128 = to_grid(aggregates, unit_exponent, grid_exponent)
-    return (on_grid_int128 + pl.Series(draws, dtype=pl.Int128)).cast(pl.Float64).to_numpy()
+    In Int64 where no step can leave it (less than half the time of Int128 over 10^6 values),
+    else in Int128; the integers are the same either way, and both conversions round to the
+    nearest float64, ties to even (tested)."""
+    dtype = pl.Int64 if _fits_int64(aggregates, unit_exponent, grid_exponent, draws) else pl.Int128
+    on_grid = to_grid(aggregates, unit_exponent, grid_exponent, dtype)
+    return (on_grid + pl.Series(draws, dtype=dtype)).cast(pl.Float64).to_numpy()
 
 
 def _fits_int64(aggregates: pl.Series, unit_exponent: int, grid_exponent: int, draws: np.ndarray) -> bool:
-    """Whether every step of `noisy_on_grid` stays within int64: integer aggregates without nulls
-    whose largest magnitude, shifted onto the grid (or plus half a grid unit before a shift right),
-    plus the largest draw stays below 2**63."""
+    """Whether every step of `noisy_on_grid` stays within Int64: integer aggregates without nulls
+    whose largest magnitude, shifted onto the grid (or plus a grid unit, the divisor of `to_grid`,
+    where the grid is coarser), plus the largest draw stays below 2**63."""
     if not aggregates.dtype.is_integer() or aggregates.null_count() or not len(aggregates):
         return False
     lowest, highest = aggregates.min(), aggregates.max()
     assert isinstance(lowest, int) and isinstance(highest, int)
     largest = max(-lowest, highest)
     shift = grid_exponent - unit_exponent
-    reach = largest << -shift if shift <= 0 else largest + (1 << (shift - 1))
+    reach = largest << -shift if shift <= 0 else largest + (1 << shift)
     return reach + int(np.abs(draws).max()) < 2**63
