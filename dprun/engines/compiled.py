@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort
+from dprun.engines.prefetch import register_hints
 from dprun.jit import njit_cached
 
 # Rows of a query's input from which its shards are bounded by the compiled passes: there the
@@ -121,6 +122,7 @@ def _passes(compiled: Compile) -> Passes:
 
 
 def _unit_passes(compiled: Compile) -> UnitPasses:
+    register_hints()
     return UnitPasses(compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),
                       compiled(_with_read_only("int64", _key_codes_signature), key_hashes.find_codes),
                       compiled(_with_read_only("int64", _dense_codes_signature), distinct_codes.dense_codes))

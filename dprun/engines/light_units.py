@@ -30,9 +30,10 @@ unit's pairs, and writes to it only after (`prefetch_row`). The loops share smal
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
+
+from dprun.engines.prefetch import prefetch_row, register_hints
 
 
 def add_light_units(pair_codes: np.ndarray, key_bits: int, max_partitions: int, weights: np.ndarray,
@@ -278,54 +279,21 @@ def key_slot(key: int, slot_bits: int) -> int:
     return ((folded * 0x61C88647) & 0xFFFFFFFF) >> (32 - slot_bits)
 
 
-def prefetch_row(table: np.ndarray, row: int) -> None:
-    """Nothing, as Python. Compiled (`compile_helpers`): a hint that the processor start loading
-    row `row` of `table` into its caches. The passes above ask for a pair's row of totals as they
-    first meet the pair, and add to it once its unit's rows are all scanned: by then it is there
-    (a count's shard of the Plume data, 2^21 sorted rows: 28.5 → 22.6 ms, the table of 10^6 keys
-    being far larger than the caches)."""
-
-
 @functools.cache
 def compile_helpers() -> None:
-    """Give `prefetch_row` its compiled form, and the other helpers theirs (inlined where
-    called: a call that passes arrays costs their reference counts), before
-    `dprun.engines.compiled` compiles the passes that call them. Here, not there: numba's cache
-    of a compiled pass is redone when the pass's own source file changes, so what the passes
-    compile in must be in this file.
+    """Give the hints of `dprun.engines.prefetch` their compiled form, and the helpers above
+    theirs (inlined where called: a call that passes arrays costs their reference counts),
+    before `dprun.engines.compiled` compiles the passes that call them. Here, not there:
+    numba's cache of a compiled pass is redone when the pass's own source file changes, so
+    what the passes compile in must be in this file (but for the hints, which change no result).
 
-    Written against numba's extension API (`intrinsic`, `overload`, `register_jitable`): numba
-    has no prefetch of its own, and LLVM's `llvm.prefetch` is a no-op on processors without one.
+    The passes above ask for a pair's row of totals as they first meet the pair, and add to it
+    once its unit's rows are all scanned: by then it is there (`prefetch_row`; a count's shard
+    of the Plume data, 2^21 sorted rows: 28.5 → 22.6 ms, the table of 10^6 keys being far larger
+    than the caches).
     """
-    from llvmlite import ir  # type: ignore[import-untyped]
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic, overload, register_jitable
+    from numba.extending import register_jitable
 
-    def prefetch_codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type = signature.args[0]
-        array = context.make_array(array_type)(context, builder, args[0])
-        address = cgutils.get_item_pointer(context, builder, array_type, array,
-                                           [args[1], context.get_constant(types.intp, 0)])
-        byte_pointer = ir.IntType(8).as_pointer()
-        word = ir.IntType(32)
-        prefetch = builder.module.declare_intrinsic(
-            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte_pointer, word, word, word]))
-        # For a write, kept in every cache level, data (not instructions).
-        builder.call(prefetch, [builder.bitcast(address, byte_pointer), ir.Constant(word, 1), ir.Constant(word, 3),
-                                ir.Constant(word, 1)])
-        return context.get_dummy_value()
-
-    def prefetch_typing(typing_context: Any, table: Any, row: Any) -> Any:
-        return types.void(table, row), prefetch_codegen
-
-    prefetch_intrinsic: Any = intrinsic(prefetch_typing)
-
-    def prefetch_row_compiled(table: Any, row: Any) -> Any:
-        def prefetch(table: Any, row: Any) -> None:
-            prefetch_intrinsic(table, row)
-        return prefetch
-
-    overload(prefetch_row)(prefetch_row_compiled)
+    register_hints()
     for helper in (quantity_arrays, value_units, pair_partial, key_slot):
         register_jitable(inline="always")(helper)
