@@ -409,7 +409,9 @@ def _load_clustered_span(slices: InputSlices, codes: Codes, extra: Sequence[str 
     inner: np.ndarray | None = None
     try:
         rows = slices.rows_of(slices.paths[span.first:span.last + 1], span.offset, span.rows)
-        loaded = collect(_packed_frame(rows, codes, None, extra, key_hashes))
+        # In one chunk per column: Polars' eager steps on a frame of the streaming engine's
+        # chunks copy it into one each time (the steps to the unit codes: 39 → 31 ms a text span).
+        loaded = collect(_packed_frame(rows, codes, None, extra, key_hashes)).rechunk()
         hashes = loaded.select(unit_hash).to_series().to_numpy()
         # Kept for the unit codes (`shard_unit_codes`), which would hash the units again.
         loaded = loaded.with_columns(pl.Series(UNIT_HASH, hashes))
