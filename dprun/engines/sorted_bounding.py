@@ -21,6 +21,7 @@ unit's partitions, so under the test seed both engines release identical tables.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -32,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from dprun.engines import compiled, light_units, pair_units, release_steps, sorted_quantiles
-from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits
+from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits, TableKeys
 from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
 from dprun.engines.shards import (InputSlices, Shard, UnitsNotClustered, in_parallel_into, packed_rows,
                                   split_into_shards)
@@ -309,6 +310,8 @@ class SortedBounding:
         # The sums kept per key: each quantity's, and for a weighted selection the units' weights.
         ids = [q.id for q in self.quantities] + ([SELECTION_WEIGHTS] if self.weighted else [])
         self.chosen: np.ndarray | None = None
+        self._table_key_hashes: np.ndarray | None = None
+        self._hashing_keys = threading.Lock()
         self.rebound = False
         keep_freed_memory()
         # Loaded while the shards are read (`compiled`).
@@ -501,15 +504,29 @@ class SortedBounding:
                       partials: dict[str, np.ndarray], unit_values: Callable[[np.ndarray], pl.DataFrame],
                       passes: compiled.Passes | None) -> pl.DataFrame:
         """A heavy unit's pairs in the order that chooses them: most rows first (the partitions that hold
-        most of the unit's own rows), ties by the keyed hash of (unit, partition) values."""
-        frame = pl.concat([unit_values(unit_code), self.codes.keys.values(key_code)], how="horizontal")
-        hashes = frame.select(pl.struct(frame.columns).hash(self.seed))[:, 0].to_numpy()
-        # Whatever the order, each unit keeps at most L0 pairs.
+        most of the unit's own rows), ties by a keyed hash of the unit's and the partition's values
+        (`tie_hashes`). Each unit's values are found and hashed once, not once per pair."""
         starts, lengths = _runs(unit_code)
+        unit_hashes = value_hashes(unit_values(unit_code[starts]), self.seed)
+        hashes = tie_hashes(np.repeat(unit_hashes, lengths), self._key_hashes(key_code))
+        # Whatever the order, each unit keeps at most L0 pairs.
         order = _choice_order(np.repeat(np.arange(starts.size), lengths), np.asarray(rows, dtype=np.int64), hashes,
                               passes)
         return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
                              **{qid: values[order] for qid, values in partials.items()}})
+
+    def _key_hashes(self, key_code: np.ndarray) -> np.ndarray:
+        """The keyed hash of each code's key values (`value_hashes` with the keys' own secret):
+        a table's keys hashed once, by the first shard that asks (gathering a text key's values
+        for every heavy pair took longer than the rest of its ranking); keys coded by range are
+        decoded and hashed where asked."""
+        keys = self.codes.keys
+        if not isinstance(keys, TableKeys):
+            return value_hashes(keys.values(key_code), key_seed(self.seed))
+        with self._hashing_keys:
+            if self._table_key_hashes is None:
+                self._table_key_hashes = value_hashes(keys.table, key_seed(self.seed))
+        return self._table_key_hashes[key_code]
 
     def _add_kept(self, totals: _Totals, ranked: pl.DataFrame, chosen: np.ndarray | None) -> None:
         """Add to `totals` the ranked heavy pairs each unit keeps: its L0 first-ranked pairs,
@@ -886,6 +903,36 @@ def _sorted(keys: np.ndarray, low_bit: int, high_bit: int, passes: compiled.Pass
 
 def _present(column: str) -> str:
     return f"__dprun_present_{column}__"
+
+
+# Xored into the run's secret for the keys' hashes (`key_seed`): a unit and a partition key of
+# equal values do not hash alike.
+KEY_SEED_TWEAK = 0x5851F42D4C957F2D
+
+
+def key_seed(seed: int) -> int:
+    """The secret the partition keys' values are hashed with for `tie_hashes`."""
+    return seed ^ KEY_SEED_TWEAK
+
+
+def value_hashes(values: pl.DataFrame, seed: int) -> np.ndarray:
+    """Each row's keyed 64-bit hash of its values (uint64)."""
+    return values.select(pl.struct(values.columns).hash(seed)).to_series().to_numpy()
+
+
+def tie_hashes(unit_hashes: np.ndarray, key_hashes: np.ndarray) -> np.ndarray:
+    """Each (unit, partition) pair's hash, which orders a unit's pairs of equal rows
+    (`SortedBounding._ranked_heavy`), from its unit's values' hash (`value_hashes` with the
+    run's secret) and its key's (with `key_seed`): the key's times an odd constant, xored into
+    the unit's, through MurmurHash3's 64-bit finalizer. Each step is a bijection, so a unit's
+    partitions keep distinct hashes where their keys' differ, spread over the whole range, and
+    another unit orders them differently."""
+    mixed = unit_hashes ^ (key_hashes * np.uint64(0x9E3779B97F4A7C15))
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        mixed ^= mixed >> np.uint64(33)
+        mixed *= np.uint64(multiplier)
+    mixed ^= mixed >> np.uint64(33)
+    return mixed
 
 
 def _runs(sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ from dprun import api
 from dprun.engines import compiled as compiled_passes
 from dprun.engines import polars_engine, shards, sorted_bounding
 from dprun.engines.polars_steps import UNITS, row_units
+from dprun.engines.sorted_bounding import key_seed, tie_hashes, value_hashes
 from dprun.plan import QueryPlan
 
 UNIT_KINDS = {"int": ["uid"], "text": ["uid"], "compound": ["uid", "day"]}
@@ -88,7 +89,9 @@ def reference(rows: pl.DataFrame, plan: QueryPlan, seed: int, chosen: set[tuple[
     pairs: dict[tuple[Any, ...], dict[tuple[Any, ...], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in table.iter_rows(named=True):
         pairs[tuple(row[c] for c in units)][tuple(row[c] for c in keys)].append(row)
-    hashed = table.select(*units, *keys).unique().with_columns(pl.struct(*units, *keys).hash(seed).alias("h"))
+    pairs_present = table.select(*units, *keys).unique()
+    hashed = pairs_present.with_columns(h=tie_hashes(value_hashes(pairs_present.select(units), seed),
+                                                     value_hashes(pairs_present.select(keys), key_seed(seed))))
     rank = {(tuple(r[c] for c in units), tuple(r[c] for c in keys)): r["h"] for r in hashed.iter_rows(named=True)}
     sums: Sums = defaultdict(lambda: defaultdict(int))
     for unit, by_key in pairs.items():

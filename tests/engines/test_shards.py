@@ -25,7 +25,7 @@ from engine_specs import output, query, run_ok, write_spec
 from test_sorted_bounding import CANDIDATES, METRICS, TREE, heavy_tailed_rows
 
 from dprun.engines import compiled, shards, sorted_bounding
-from dprun.engines.codes import UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits
+from dprun.engines.codes import UNIT, UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits
 
 
 class Spans:
@@ -441,6 +441,29 @@ def test_distinct_values_are_those_of_np_unique_whatever_their_runs() -> None:
         listed = np.repeat(values, rng.integers(1, 5, values.size)) if rng.random() < 0.5 else values
         found = shards._distinct(listed)
         assert np.array_equal(found, np.unique(listed)), f"seed={seed}: {listed} gave {found}"
+
+
+@pytest.mark.parametrize("layout", ["in order", "dense, in no order", "sparse, in no order"])
+def test_unit_values_are_those_of_each_code_asked_for_whatever_the_shard_s_order(layout: str) -> None:
+    """`_unit_values` gives each code's unit values, in the order asked (repeats included):
+    from a binary search where the shard's codes are in order, a scatter of places where they
+    are dense, a filter where they are neither, and the same values in all three."""
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        units = int(rng.integers(1, 60))
+        codes_of_units = np.arange(units) * (3 * 2**40 if layout.startswith("sparse") else 1)
+        rows = np.repeat(codes_of_units, rng.integers(1, 6, units))
+        if layout != "in order":
+            rng.shuffle(rows)
+        names = np.array([f"u{code}" for code in codes_of_units])
+        shard_units = pl.DataFrame({UNIT: rows, "user": names[np.searchsorted(codes_of_units, rows)],
+                                    "day": (rows % 7).astype(np.int8)})
+        asked = rng.choice(codes_of_units, int(rng.integers(0, 3 * units)))
+        found = shards._unit_values(shard_units, asked)
+        expected = pl.DataFrame({"user": names[np.searchsorted(codes_of_units, asked)],
+                                 "day": (asked % 7).astype(np.int8)})
+        assert found.equals(expected), f"seed={seed}: {layout}"
 
 
 @pytest.mark.parametrize("batch", [shards.DISTINCT_CHECK_BATCH, 64, 1])
