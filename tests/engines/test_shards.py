@@ -385,8 +385,9 @@ def test_a_text_unit_in_two_row_groups_sends_the_rows_to_hash_shards(tmp_path: P
     # The long unit last: every unit before it has at most 300 rows.
     longest = rows["uid"].mode()[0]
     rows = pl.concat([rows.filter(pl.col("uid") != longest), rows.filter(pl.col("uid") == longest)])
-    # A unit inside the first span (rows 0–1999), one of its rows moved inside the third (4000–5999).
-    unit = rows["uid"][1000]
+    # A unit of two rows or more inside the first span (rows 0–1999), its last row moved inside
+    # the third (4000–5999): a unit of one row would only move (and no span would share it).
+    unit = next(u for u in rows["uid"][1000:1900] if (rows["uid"] == u).sum() >= 2)
     places = np.flatnonzero((rows["uid"] == unit).to_numpy())
     moved = int(places[-1])
     rows = pl.concat([rows[:moved], rows[moved + 1:5000], rows[moved:moved + 1], rows[5000:]])
