@@ -295,12 +295,16 @@ Stats = dict[str, Any]
 def _stats(rows: pl.LazyFrame, info: InputInfo, int_units: list[str], keys: list[str], int_keys: list[str],
            plan: QueryPlan, fan_out: int) -> Stats:
     """Row count and (min, max) of the integer unit and key columns: from footers where they
-    have them, else from one pass (which, for keys coded by table, also finds the keys)."""
+    have them, else from one pass (which, for keys coded by table, also finds the keys; where
+    the footers give the rest, it only finds them: the text benchmark's 10^6 keys among 10^8
+    rows 3.1 s, counting the rows as well 3.6)."""
     ranged = [*int_units, *int_keys]
-    found = _footer_ranges(info, ranged, fan_out) if int_keys or plan.public_keys is not None else None
-    if found is not None:
+    found = _footer_ranges(info, ranged, fan_out)
+    if found is not None and (int_keys or plan.public_keys is not None):
         return found
     if not int_keys and plan.public_keys is None:
+        if found is not None:
+            return found | {"keys": collect(rows.select(keys).unique())}
         by_key = collect(rows.group_by(keys).agg(pl.len().alias(ROWS), *_min_max(int_units)))
         found = {ROWS: int(by_key[ROWS].sum()), "keys": by_key.select(keys)}
         return found | {c: _range(by_key[f"{c}_min"].min(), by_key[f"{c}_max"].max()) for c in int_units}
