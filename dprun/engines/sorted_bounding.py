@@ -14,8 +14,9 @@ partitions in both boundings, so its pairs are summed per partition straight awa
 Quantile metrics' weighted leaves follow the same split (`dprun.engines.sorted_quantiles`).
 
 The Spark engine computes the same thing with group-bys and windows: the same scaled
-partials and the same keyed hash of the unit's and the key's values to choose a heavy
-unit's partitions, so under the test seed both engines release identical tables.
+partials, and its own keyed hash of the unit's and the key's values (`xxhash64`, not
+`tie_hashes`) to order a heavy unit's partitions of equal rows, so under the test seed both
+engines release identical tables wherever no unit has more than L0 partitions.
 """
 
 from __future__ import annotations
