@@ -7,12 +7,13 @@ units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`,
 numpy's sort on the processor) are `Passes`; a shard's rows' key codes found by their hashes
 (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are `UnitPasses`, loaded
 apart and only for units coded per shard (`codes.ShardUnits`), so other queries do not pay for
-them. numba compiles them (a wheel from the package registry, no compiler on the user's
-machine) for explicit signatures and caches the machine code on disk, so a machine compiles
-them once; compiled, they release the GIL and each worker thread bounds its own shard. Loading
-`Passes` still costs about 0.5 s of one core (numba's import, then its code generator's), so
-only inputs of COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read;
-smaller ones take numpy's and Polars' passes.
+them; so is the pass that gathers rows into shards in memory (`shard_scatter.group_by_shard`).
+numba compiles them (a wheel from the package registry, no compiler on the user's machine)
+for explicit signatures and caches the machine code on disk, so a machine compiles them once;
+compiled, they release the GIL and each worker thread bounds its own shard. Loading `Passes`
+still costs about 0.5 s of one core (numba's import, then its code generator's), so only inputs
+of COMPILED_FROM_ROWS rows use them, loaded in a thread while the shards are read; smaller ones
+take numpy's and Polars' passes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort
+from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort, shard_scatter
 from dprun.engines.prefetch import register_hints
 from dprun.jit import njit_cached
 
@@ -48,6 +49,7 @@ RadixSort = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
 FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
 DenseCodes = Callable[[np.ndarray, np.ndarray, np.ndarray], int]
+GroupByShard = Callable[[np.ndarray, int, int, int, int, np.ndarray, np.ndarray], None]
 Compile = Callable[[list[Any], Callable[..., object]], Any]
 R = TypeVar("R")
 
@@ -94,6 +96,12 @@ def compiled_unit_passes() -> Future[UnitPasses]:
         return _loading(_unit_passes)
 
 
+def compiled_scatter() -> Future[GroupByShard]:
+    """The compiled `shard_scatter.group_by_shard`, as `compiled_passes` loads its own."""
+    with _starting:
+        return _loading(_scatter)
+
+
 @functools.cache
 def _loading(load: Callable[[Compile], R]) -> Future[R]:
     future: Future[R] = Future()
@@ -126,6 +134,14 @@ def _unit_passes(compiled: Compile) -> UnitPasses:
     return UnitPasses(compiled([FILL_KEY_SLOTS], key_hashes.fill_slots),
                       compiled(_with_read_only("int64", _key_codes_signature), key_hashes.find_codes),
                       compiled(_with_read_only("int64", _dense_codes_signature), distinct_codes.dense_codes))
+
+
+def _scatter(compiled: Compile) -> GroupByShard:
+    from numba import types
+
+    codes = types.Array(types.int64, 1, "C")
+    return compiled([types.void(types.Array(types.int64, 1, "C", readonly=True), *[types.int64] * 4, codes, codes)],
+                    shard_scatter.group_by_shard)
 
 
 def _with_read_only(dtype: str, signature: Callable[[Any], Any], dimensions: int = 1) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -142,6 +143,22 @@ def collect(frame: pl.LazyFrame) -> pl.DataFrame:
         return frame.collect(engine=STREAMING)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise data_error(exc) from None
+
+
+def batches(frame: pl.LazyFrame, rows: int) -> Iterator[pl.DataFrame]:
+    """The frame's rows in batches of about `rows`, from the streaming engine, in no set order
+    (failures as `collect`'s)."""
+    try:
+        yield from frame.collect_batches(chunk_size=rows, maintain_order=False, engine=STREAMING)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise data_error(exc) from None
+
+
+def statistics_mismatch() -> DataError:
+    """A row without a code: its unit or key is outside the range the footers gave, or its key
+    missing from the key table."""
+    return DataError("the input changed while dprun read it, or a Parquet footer's statistics do not match "
+                     "the file's data; rewrite the file")
 
 
 def data_error(exc: Exception) -> DataError:

@@ -3,7 +3,8 @@ sorted together in memory (`dprun.engines.sorted_bounding`), and the worker thre
 bound the shards.
 
 Rows go to shards by a keyed hash of their unit (or a secret bijection of its range code,
-`UnitMix`) through Polars' partitioned sink into scratch Arrow files. Where a Parquet
+`UnitMix`) through Polars' partitioned sink into scratch Arrow files; rows of packed codes
+alone are gathered in memory as they stream past instead (`scattered_shards`). Where a Parquet
 input's footers show its row groups in order of an integer unit, shards are runs of row
 groups instead, each read by its worker: nothing is written, and reading overlaps bounding
 (`unit_ordered_shards`). Shards only gather a unit's rows; they never decide what counts,
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from functools import partial
@@ -30,12 +32,11 @@ import pyarrow.parquet as pq
 
 from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, UNIT_HASH, Codes, Digit, RangeCodes, ShardUnits,
                                   TableKeys, footer_range, shard_unit_codes)
+from dprun.engines import compiled, shard_scatter
 from dprun.engines.key_hashes import KEY_HASH, KeyHashes
-from dprun.engines.polars_steps import collect, sink
+from dprun.engines.polars_steps import batches, collect, sink, statistics_mismatch
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from dprun.engines.compiled import UnitPasses
 
 SHARD = "__dprun_shard__"
@@ -51,6 +52,9 @@ SHARD_ROWS = 2**21
 # process may use (each holds about 100 MB at SHARD_ROWS: memory grows with the cores, as
 # Polars' own buffers do), at least 2 so that one shard is bounded while another is read.
 WORKERS = max(2, pl.thread_pool_size())
+# Rows a batch of the streaming engine brings to `scattered_shards`: 2^18 took 1.29 s for the
+# benchmark's 10^8 shuffled rows, its default (10^5) 1.50, 2^20 1.47.
+SCATTER_BATCH_ROWS = 2**18
 # Rows of a shard at the least where the rows are split anyway, so that each worker gets one (`shard_count`).
 MIN_SHARD_ROWS = 2**18
 
@@ -212,7 +216,8 @@ def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path
     rows whole (`clustered_shards`: bounding them raises `UnitsNotClustered` where one does
     not), else by a hash of the unit. `compiled`: the shards are bounded by the compiled
     passes, so where units are coded per shard, a table's keys are found there too, by their
-    hashes (`KeyHashes`)."""
+    hashes (`KeyHashes`), and rows of range-coded units without `extra` columns are gathered
+    into shards by a compiled pass too (`scattered_shards`)."""
     count = shard_count(codes.rows)
     if count > 1 and slices is not None and (ordered := unit_ordered_shards(slices, codes, extra)) is not None:
         return ordered
@@ -226,6 +231,8 @@ def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path
     frame = _packed_frame(rows, codes, mix, extra, key_hashes)
     if count == 1:
         return [Shard(lambda: collect(frame), key_hashes=key_hashes)]
+    if compiled and isinstance(codes.units, RangeCodes) and not extra:
+        return scattered_shards(frame, codes.key_bits, count, seed, workdir)
     files = _ShardFiles(workdir / "packed")
     if mix is None:
         unit = pl.col(PACKED) // (1 << codes.key_bits) if isinstance(codes.units, RangeCodes) else pl.struct(
@@ -237,6 +244,44 @@ def split_into_shards(rows: pl.LazyFrame, codes: Codes, seed: int, workdir: Path
     finally:
         files.close()
     return [Shard(partial(_load, paths), shard, mix, key_hashes=key_hashes) for shard, paths in files.paths()]
+
+
+def scattered_shards(frame: pl.LazyFrame, key_bits: int, count: int, seed: int, workdir: Path) -> list[Shard]:
+    """Packed codes alone gathered into `count` shards of whole units in memory as the rows
+    stream past (`shard_scatter`), each batch by one of WORKERS threads, so that reading
+    never waits for them. Batches read before the compiled pass is loaded wait for it, and
+    while those in wait and the rows held pass HELD_BYTES, reading waits for the oldest."""
+    group = compiled.compiled_scatter()
+    first, second = shard_scatter.multipliers(seed)
+    held = shard_scatter.HeldShards(count, workdir / "held")
+
+    def gather(codes: np.ndarray) -> None:
+        grouped = np.empty_like(codes)
+        bounds = np.empty(count + 1, np.int64)
+        group.result()(codes, key_bits, first, second, count, grouped, bounds)
+        held.add(grouped, bounds)
+
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    waiting: deque[tuple[Future[None], int]] = deque()
+    try:
+        for batch in batches(frame, SCATTER_BATCH_ROWS):
+            column = batch.to_series()
+            if column.null_count():
+                raise statistics_mismatch()
+            codes = column.to_numpy()
+            waiting.append((pool.submit(gather, codes), codes.nbytes))
+            while waiting and (waiting[0][0].done()
+                               or held.held + sum(size for _, size in waiting) > shard_scatter.HELD_BYTES):
+                waiting.popleft()[0].result()
+        for gathered, _ in waiting:
+            gathered.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return [Shard(partial(_held_shard, held, shard), shard) for shard in held.with_rows()]
+
+
+def _held_shard(held: shard_scatter.HeldShards, shard: int) -> pl.DataFrame:
+    return pl.DataFrame({PACKED: held.load(shard)})
 
 
 def shard_count(rows: int) -> int:

@@ -35,7 +35,8 @@ import polars as pl
 
 from dprun.engines import compiled, light_units, pair_units, release_steps, sorted_quantiles
 from dprun.engines.codes import PACKED, ROWS, Codes, ShardUnits, TableKeys
-from dprun.engines.polars_steps import SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial
+from dprun.engines.polars_steps import (SELECTION_WEIGHTS, UNITS, row_unit_range, row_units, scaled_partial,
+                                        statistics_mismatch)
 from dprun.engines.shards import (InputSlices, Shard, UnitsNotClustered, in_parallel_into, packed_rows,
                                   split_into_shards)
 from dprun.errors import DataError
@@ -794,8 +795,7 @@ def _unit_params(quantity: Quantity) -> tuple[float, float, float, float, float,
 def _check_codes(shard: pl.DataFrame) -> None:
     """Every row has a code, and the shard's pair sums fit Int64."""
     if shard[PACKED].null_count():
-        raise DataError("the input changed while dprun read it, or a Parquet footer's statistics do not match "
-                        "the file's data; rewrite the file")
+        raise statistics_mismatch()
     if shard.height >= 2**32:
         # A row is at most 2^30 units (VALUE_BITS), so a pair's Int64 sum is exact below 2^33 rows.
         raise DataError("over 2^32 rows fell into one shard of privacy units, more than the sorted path sums exactly;"
