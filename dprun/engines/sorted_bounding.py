@@ -404,7 +404,7 @@ class SortedBounding:
         self._add_kept(totals.first_heavy, ranked, None)
         if ranked.height == 0:
             return replace(files, heavy=None)
-        _as_written(ranked, key_bits).write_ipc(files.heavy, compression="uncompressed")
+        ranked.drop(SELECTION_WEIGHTS, strict=False).write_ipc(files.heavy, compression="uncompressed")
         return files
 
     def _add_light_rows(self, shard: pl.DataFrame, weights: np.ndarray, passes: compiled.Passes, light: _Totals,
@@ -507,27 +507,29 @@ class SortedBounding:
                       passes: compiled.Passes | None) -> pl.DataFrame:
         """A heavy unit's pairs in the order that chooses them: most rows first (the partitions that hold
         most of the unit's own rows), ties by a keyed hash of the unit's and the partition's values
-        (`tie_hashes`). Each unit's values are found and hashed once, not once per pair."""
+        (`tie_hashes`). Each unit's values are found and hashed once, not once per pair. Unit and
+        key codes in 32 bits where they fit (`_narrow`): the pairs go to disk for the second
+        bounding (Plume's data: 10^7 heavy pairs, 232 MB written and read back, 77 MB in 32 bits)."""
         starts, lengths = _runs(unit_code)
         unit_hashes = value_hashes(unit_values(unit_code[starts]), self.seed)
         hashes = tie_hashes(np.repeat(unit_hashes, lengths), self._key_hashes(key_code))
         # Whatever the order, each unit keeps at most L0 pairs.
         order = _choice_order(np.repeat(np.arange(starts.size), lengths), np.asarray(rows, dtype=np.int64), hashes,
                               passes)
-        return pl.DataFrame({"unit": unit_code[order], "key": key_code[order],
+        return pl.DataFrame({"unit": _narrow(unit_code[order]), "key": _narrow(key_code[order]),
                              **{qid: values[order] for qid, values in partials.items()}})
 
     def _key_hashes(self, key_code: np.ndarray) -> np.ndarray:
         """The keyed hash of each code's key values (`value_hashes` with the keys' own secret):
-        a table's keys hashed once, by the first shard that asks (gathering a text key's values
-        for every heavy pair took longer than the rest of its ranking); keys coded by range are
-        decoded and hashed where asked."""
+        every key code's values hashed once, by the first shard that asks (gathering a text key's
+        values for every heavy pair took longer than the rest of its ranking; decoding a range's
+        for every heavy pair took 2.8 ms a shard of the Plume data). As many hashes as key codes:
+        the running totals hold several numbers per key code already."""
         keys = self.codes.keys
-        if not isinstance(keys, TableKeys):
-            return value_hashes(keys.values(key_code), key_seed(self.seed))
         with self._hashing_keys:
             if self._table_key_hashes is None:
-                self._table_key_hashes = value_hashes(keys.table, key_seed(self.seed))
+                values = keys.table if isinstance(keys, TableKeys) else keys.values(np.arange(keys.count))
+                self._table_key_hashes = value_hashes(values, key_seed(self.seed))
         return self._table_key_hashes[key_code]
 
     def _add_kept(self, totals: _Totals, ranked: pl.DataFrame, chosen: np.ndarray | None) -> None:
@@ -610,13 +612,9 @@ class SortedBounding:
         return ranked[self._kept(ranked, chosen)]
 
 
-def _as_written(ranked: pl.DataFrame, key_bits: int) -> pl.DataFrame:
-    """A shard's ranked heavy pairs as they go to disk for the second bounding: without the
-    selection weights (only the first bounding adds them), and unit and key codes in 32 bits
-    where they fit (Plume's data: 10^7 heavy pairs, 232 MB written and read back, now 77 MB)."""
-    narrow = [pl.col(column).cast(pl.UInt32) for column, fits in
-              (("unit", ranked.select(pl.col("unit").max()).item() < 2**32), ("key", key_bits <= 32)) if fits]
-    return ranked.drop(SELECTION_WEIGHTS, strict=False).with_columns(narrow)
+def _narrow(codes: np.ndarray) -> np.ndarray:
+    """Codes (never negative) as UInt32 where they all fit, else as they are."""
+    return codes.astype(np.uint32) if codes.size and int(codes.max()) < 2**32 else codes
 
 
 @dataclass(frozen=True)
