@@ -9,12 +9,20 @@ the bits beside the key's), so the radix sort of the packed codes takes 4 passes
 Written by hand, because Polars has no pass that returns both (`rank("dense")` of the hashes
 sorts them, and its `n_unique` of a shard's 2^21 Int64 codes alone took 29 ms); the hashes'
 own low bits place them in an open-addressing table sized for the shard's units (counted
-first). Compiled by numba with the sorted path's other passes (`dprun.engines.compiled`).
+first), each row asking for the slot of the row LOOKAHEAD rows on. Compiled by numba with the
+sorted path's other passes (`dprun.engines.compiled`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dprun.engines.prefetch import prefetch_row
+
+# Rows ahead of the one read whose slot the pass asks for (`prefetch_row`): a shard's table of
+# 2^18 units (8 MB) is larger than the processor's caches; 2^21 rows of 200,000 units, each
+# unit's rows together, 7.3 → 4.0 ms (in no order, 7.5 → 5.4).
+LOOKAHEAD = 32
 
 
 def slots_for(distinct: int) -> np.ndarray:
@@ -33,6 +41,8 @@ def dense_codes(hashes: np.ndarray, slots: np.ndarray, codes: np.ndarray) -> int
     distinct = 0
     for row in range(hashes.size):
         found = hashes[row]
+        if row + LOOKAHEAD < hashes.size:
+            prefetch_row(slots, hashes[row + LOOKAHEAD] & (size - 1))
         # A unit's rows often come together (inputs listed by unit): the table only for a new one.
         if row > 0 and found == hashes[row - 1]:
             codes[row] = codes[row - 1]
