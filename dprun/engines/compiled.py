@@ -2,7 +2,8 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`, from
-the sorted rows `add_light_rows`, and from rows in unit order `add_light_runs`), a value column's
+the sorted rows `add_light_rows`, and from rows in unit order `add_light_runs`), the heavy units'
+kept pairs' (`ranked_pairs`), a value column's
 units summed per pair (`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats
 numpy's sort on the processor) are `Passes`; a shard's rows' key codes found by their hashes
 (`key_hashes`) and its distinct units coded densely (`distinct_codes`) are `UnitPasses`, loaded
@@ -27,7 +28,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dprun.engines import distinct_codes, key_hashes, light_units, pair_units, radix_sort, shard_scatter
+from dprun.engines import (distinct_codes, key_hashes, light_units, pair_units, radix_sort, ranked_pairs,
+                           shard_scatter)
 from dprun.engines.prefetch import register_hints
 from dprun.jit import njit_cached
 
@@ -50,6 +52,7 @@ FillKeySlots = Callable[[np.ndarray, np.ndarray, int], None]
 FindKeyCodes = Callable[[np.ndarray, np.ndarray, np.ndarray, int], int]
 DenseCodes = Callable[[np.ndarray, np.ndarray, np.ndarray], int]
 GroupByShard = Callable[[np.ndarray, int, int, int, int, np.ndarray, np.ndarray], None]
+RankedPairs = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray], None]
 Compile = Callable[[list[Any], Callable[..., object]], Any]
 R = TypeVar("R")
 
@@ -57,12 +60,13 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class Passes:
     """The compiled `light_units.add_light_units`, `add_light_rows` and `add_light_runs`,
-    `pair_units.pair_unit_sums` and `radix_sort.radix_sort`, and whether the radix sort is faster
-    than numpy's on this processor (`radix_sort.beats_numpy`)."""
+    `ranked_pairs.add_ranked_pairs`, `pair_units.pair_unit_sums` and `radix_sort.radix_sort`,
+    and whether the radix sort is faster than numpy's on this processor (`radix_sort.beats_numpy`)."""
 
     add_light_units: LightUnits
     add_light_rows: LightRows
     add_light_runs: LightRuns
+    add_ranked_pairs: RankedPairs
     pair_unit_sums: UnitSums
     radix_sort: RadixSort
     radix_beats_numpy: bool
@@ -125,6 +129,7 @@ def _passes(compiled: Compile) -> Passes:
                   compiled(_with_read_only("float64", _light_rows_signature, dimensions=2),
                            light_units.add_light_rows),
                   compiled([_light_runs_signature()], light_units.add_light_runs),
+                  compiled([_ranked_pairs_signature()], ranked_pairs.add_ranked_pairs),
                   compiled(_with_read_only("float64", _unit_sums_signature), pair_units.pair_unit_sums),
                   sort, radix_sort.beats_numpy(sort))
 
@@ -182,6 +187,17 @@ def _light_runs_signature() -> Any:
     return types.int64(array(types.int64, 1, True), types.int64, types.int64, types.int64,
                        array(types.float64, 2, True), array(types.int64, 2, True), array(types.float64, 2, True),
                        array(types.int64, 1, True), array(types.int64, 2, False), array(types.int64, 1, False))
+
+
+def _ranked_pairs_signature() -> Any:
+    """`ranked_pairs.add_ranked_pairs`' signature, its inputs typed read-only (as `_light_runs_signature`)."""
+    from numba import types
+
+    def read_only(dtype: Any, dimensions: int) -> Any:
+        return types.Array(dtype, dimensions, "C", readonly=True)
+
+    return types.void(read_only(types.int64, 1), read_only(types.int64, 1), read_only(types.int64, 2),
+                      read_only(types.boolean, 1), types.int64, types.Array(types.int64, 2, "C"))
 
 
 def _key_codes_signature(hashes: Any) -> Any:

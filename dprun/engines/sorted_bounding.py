@@ -534,11 +534,23 @@ class SortedBounding:
 
     def _add_kept(self, totals: _Totals, ranked: pl.DataFrame, chosen: np.ndarray | None) -> None:
         """Add to `totals` the ranked heavy pairs each unit keeps: its L0 first-ranked pairs,
-        among the chosen keys only if given (Plume's second bounding)."""
+        among the chosen keys only if given (Plume's second bounding); in one compiled pass
+        where the passes are loaded and the sums' bound fits Int64 (`ranked_pairs`)."""
         if ranked.height == 0:
             return
-        kept = self._kept(ranked, chosen)
-        totals.add(ranked["key"].to_numpy()[kept], {qid: ranked[qid].to_numpy()[kept] for qid in totals.sums})
+        partials = {qid: ranked[qid].to_numpy() for qid in totals.sums}
+        reaches = [_reach(values) for values in partials.values()]
+        if self.compiled is None or max(reaches, default=0) >= 2**63:
+            kept = self._kept(ranked, chosen)
+            totals.add(ranked["key"].to_numpy()[kept], {qid: values[kept] for qid, values in partials.items()})
+            return
+        for sums, reach in zip(totals.sums.values(), reaches, strict=True):
+            sums.reserve(reach)
+        table_partials = (np.stack(list(partials.values())).astype(np.int64, copy=False) if partials
+                          else np.zeros((0, ranked.height), np.int64))
+        self.compiled.result().add_ranked_pairs(
+            ranked["unit"].to_numpy().astype(np.int64), ranked["key"].to_numpy().astype(np.int64), table_partials,
+            np.zeros(0, bool) if chosen is None else chosen, self.plan.max_partitions, totals.table)
 
     def _kept(self, ranked: pl.DataFrame, chosen: np.ndarray | None) -> np.ndarray:
         """The rows of the ranked heavy pairs each unit keeps: its L0 first-ranked pairs, among
