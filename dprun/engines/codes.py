@@ -40,7 +40,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from dprun.engines import distinct_codes
-from dprun.engines.polars_steps import GLOBAL_KEY, collect
+from dprun.engines.polars_steps import GLOBAL_KEY, collect, key_order
 from dprun.plan import QueryPlan
 from dprun.spec.input_schema import InputInfo, scan
 
@@ -330,9 +330,11 @@ def _key_codes(rows: pl.LazyFrame, plan: QueryPlan, keys: list[str], int_keys: l
             return ranged
     if plan.public_keys is not None:
         return TableKeys(plan.public_keys.select(keys).unique(maintain_order=True))
-    if "keys" in stats:
-        return TableKeys(stats["keys"])
-    return TableKeys(collect(rows.select(keys).unique()))
+    found = stats["keys"] if "keys" in stats else collect(rows.select(keys).unique())
+    # In key order: the candidates of a private selection, listed by code, then come in the order
+    # their draws are made in, which Polars' sort of them finds at once (10^6 text keys: the
+    # table's sort 57 ms; the candidates' sort with their counts 161 ms, then a few).
+    return TableKeys(found.sort(key_order(found.schema), nulls_last=True))
 
 
 def _offset(column: str, minimum: int, dtype: pl.DataType) -> pl.Expr:

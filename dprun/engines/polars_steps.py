@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -25,6 +25,13 @@ WEIGHT = "__dprun_weight__"
 PARTITION = "__dprun_partition_index__"
 STREAMING: Final = "streaming"
 TRUNCATION_KEY = 0x9E3779B97F4A7C15  # odd: `truncation_key` differs for every input position
+
+
+def key_order(schema: Mapping[str, pl.DataType]) -> list[pl.Expr]:
+    """The order candidates are drawn for: by each key in turn, nulls last; a categorical key by its
+    text, as Spark orders the strings it holds them as."""
+    return [pl.col(k).cast(pl.String) if isinstance(t, pl.Categorical | pl.Enum) else pl.col(k)
+            for k, t in schema.items()]
 
 
 def row_units(quantity: Quantity) -> pl.Expr:

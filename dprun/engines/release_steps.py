@@ -9,12 +9,12 @@ Both `polars_engine` and `spark_engine` call these, so their releases agree step
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import polars as pl
 
-from dprun.engines.polars_steps import GLOBAL_KEY, SELECTION_WEIGHTS, UNITS
+from dprun.engines.polars_steps import GLOBAL_KEY, SELECTION_WEIGHTS, UNITS, key_order
 from dprun.mechanisms import selection
 from dprun.mechanisms.noise import NoisePlan, add_noise
 from dprun.mechanisms.quantile_candidates import (
@@ -64,13 +64,6 @@ def chosen_in_key_order(plan: QueryPlan, sorted_counts: Iterable[pl.DataFrame], 
         keep = selection.select_partitions(plan.selection.detail, chunk[UNITS].to_numpy(), source, weights)
         kept.append(chunk.filter(pl.Series(keep, dtype=pl.Boolean)).select(keys))
     return pl.concat(kept)
-
-
-def key_order(schema: Mapping[str, pl.DataType]) -> list[pl.Expr]:
-    """The order candidates are drawn for: by each key in turn, nulls last; a categorical key by its
-    text, as Spark orders the strings it holds them as."""
-    return [pl.col(k).cast(pl.String) if isinstance(t, pl.Categorical | pl.Enum) else pl.col(k)
-            for k, t in schema.items()]
 
 
 def _in_chunks(frames: Iterable[pl.DataFrame], size: int) -> Iterator[pl.DataFrame]:
