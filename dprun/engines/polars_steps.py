@@ -123,10 +123,12 @@ def sink(frame: pl.LazyFrame, target: Path | pl.PartitionBy, folder: Path, *, ar
 def run_failure(exc: Exception, folder: Path) -> OutputError | DataError:
     """What a failure while running a query is: the scratch disk's, or the data's (see `sink`)."""
     problem = scratch_write_problem(folder)
-    if problem is not None:
-        return OutputError(f"cannot write intermediate files in {folder} (set DPRUN_TMPDIR to a "
-                           f"larger disk?): {problem}")
-    return data_error(exc)
+    return data_error(exc) if problem is None else scratch_failure(problem, folder)
+
+
+def scratch_failure(problem: str, folder: Path) -> OutputError:
+    """The scratch disk failed (exit 6), in the operating system's words."""
+    return OutputError(f"cannot write intermediate files in {folder} (set DPRUN_TMPDIR to a larger disk?): {problem}")
 
 
 SCRATCH_PROBE_BYTES = 1 << 20

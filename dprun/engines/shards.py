@@ -34,7 +34,7 @@ from dprun.engines.codes import (KEY, PACKED, PACKED_BITS, UNIT, UNIT_HASH, Code
                                   TableKeys, footer_range, shard_unit_codes)
 from dprun.engines import compiled, shard_scatter
 from dprun.engines.key_hashes import KEY_HASH, KeyHashes
-from dprun.engines.polars_steps import batches, collect, sink, statistics_mismatch
+from dprun.engines.polars_steps import batches, collect, scratch_failure, sink, statistics_mismatch
 
 if TYPE_CHECKING:
     from dprun.engines.compiled import UnitPasses
@@ -253,7 +253,19 @@ def scattered_shards(frame: pl.LazyFrame, key_bits: int, count: int, seed: int, 
     while those in wait and the rows held pass HELD_BYTES, reading waits for the oldest."""
     group = compiled.compiled_scatter()
     first, second = shard_scatter.multipliers(seed)
-    held = shard_scatter.HeldShards(count, workdir / "held")
+    try:
+        held = shard_scatter.HeldShards(count, workdir / "held")
+        _gather_into(held, frame, group, key_bits, first, second)
+    except OSError as exc:
+        # Reading failures come as DataError (`batches`): this is a write of the held rows.
+        raise scratch_failure(exc.strerror or type(exc).__name__, workdir) from None
+    return [Shard(partial(_held_shard, held, shard), shard) for shard in held.with_rows()]
+
+
+def _gather_into(held: shard_scatter.HeldShards, frame: pl.LazyFrame, group: Future[compiled.GroupByShard],
+                 key_bits: int, first: int, second: int) -> None:
+    """`scattered_shards`' loop: each batch gathered into `held` by a pool of WORKERS threads."""
+    count = len(held.parts)
 
     def gather(codes: np.ndarray) -> None:
         grouped = np.empty_like(codes)
@@ -277,7 +289,6 @@ def scattered_shards(frame: pl.LazyFrame, key_bits: int, count: int, seed: int, 
             gathered.result()
     finally:
         pool.shutdown(cancel_futures=True)
-    return [Shard(partial(_held_shard, held, shard), shard) for shard in held.with_rows()]
 
 
 def _held_shard(held: shard_scatter.HeldShards, shard: int) -> pl.DataFrame:

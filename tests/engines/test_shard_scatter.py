@@ -7,6 +7,8 @@ os.urandom and are part of every message.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +171,27 @@ def test_a_row_without_a_code_fails_the_run_without_publishing(tmp_path: Path, m
     assert result.exit_code == 3, f"seed={seed}: {result.exit_code}: {result.output}"
     assert "statistics do not match" in result.output and "Traceback" not in result.output, f"seed={seed}"
     assert not (tmp_path / "out" / "counts.parquet").exists(), f"seed={seed}: a failed run published"
+
+
+def test_a_scratch_disk_that_fails_a_spill_ends_the_run_as_the_scratch_disk_s_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows held past the budget that cannot be written out: exit 6 with the operating system's
+    words and the scratch folder named, no traceback, nothing published."""
+    seed = fresh_seed()
+    rows = heavy_tailed_rows(np.random.default_rng(seed), 800)
+    rows.sample(fraction=1.0, shuffle=True, seed=seed % 2**32).write_parquet(tmp_path / "data.parquet")
+    monkeypatch.setattr(shards, "SHARD_ROWS", 400)
+    monkeypatch.setattr(shards, "SCATTER_BATCH_ROWS", 300)
+    monkeypatch.setattr(compiled, "COMPILED_FROM_ROWS", 0)
+    monkeypatch.setattr(shard_scatter, "HELD_BYTES", 500 * 8)
+
+    def full_disk(held: shard_scatter.HeldShards) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shard_scatter.HeldShards, "spill", full_disk)
+    spec = write_spec(tmp_path, [query("counts", ["key"], METRICS[:2], l0=3, m=2)], epsilon=20.0, delta=1e-6)
+    result = invoke("run", str(spec), "--seed", str(seed))
+    assert result.exit_code == 6, f"seed={seed}: {result.exit_code}: {result.output}"
+    assert "cannot write intermediate files" in result.output and os.strerror(errno.ENOSPC) in result.output, \
+        f"seed={seed}: {result.output}"
+    assert "Traceback" not in result.output and not (tmp_path / "out" / "counts.parquet").exists(), f"seed={seed}"
