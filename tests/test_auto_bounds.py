@@ -91,8 +91,6 @@ def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, publ
     assert keeps_everything(query["contribution_bounds"]), query["contribution_bounds"]
     chosen = query["auto_bounds"]["chosen"]
     assert {k: chosen[k] for k in query["contribution_bounds"]} == query["contribution_bounds"]
-    # An estimate from the shape histograms, with their noise (a noisy cell at the top can add a little).
-    assert chosen["dropped_share_estimate"] < 0.2 and chosen["warnings"] == []
     # The mean of three histograms' totals, 22 or 50 cells of discrete Laplace noise of scale 3 or 5.
     assert abs(chosen["units_estimate"] - USERS) < 200
     assert 0 < chosen["shortfall"] < 0.02
@@ -116,6 +114,18 @@ def test_auto_bounds_are_chosen_from_the_data_and_accounted(tmp_path: Path, publ
     std = {m["name"]: m["std"] for m in query["metrics"]}
     joined = released.join(truth, on="shop")
     assert (joined["visits"] - joined["truth"]).abs().max() < 12 * std["visits"], joined
+    # The dropped share is estimated from the noisy shape histograms, where a lone noisy cell far
+    # from the data stays visible with probability SIZE_FALSE_ALARM (10^-3) per histogram by design
+    # and then stands for many rows at the top of the grid (0.38 seen once in CI). A run without
+    # one estimates little and warns of nothing: at least one of three fresh runs is such a run
+    # but with probability below (2·10^-3)^3 < 10^-8.
+    estimates = [(chosen["dropped_share_estimate"], chosen["warnings"])]
+    while not (estimates[-1][0] < 0.2 and estimates[-1][1] == []) and len(estimates) < 3:
+        again = invoke("run", str(spec), "--overwrite")
+        assert again.exit_code == 0, everything(again)
+        rerun = json.loads((tmp_path / "out" / "report.json").read_text())["queries"][0]["auto_bounds"]["chosen"]
+        estimates.append((rerun["dropped_share_estimate"], rerun["warnings"]))
+    assert estimates[-1][0] < 0.2 and estimates[-1][1] == [], estimates
 
 
 def test_a_fixed_bound_stays_and_a_unit_count_needs_only_l0(tmp_path: Path) -> None:
