@@ -275,6 +275,7 @@ def _gather_into(held: shard_scatter.HeldShards, frame: pl.LazyFrame, group: Fut
 
     pool = ThreadPoolExecutor(max_workers=WORKERS)
     waiting: deque[tuple[Future[None], int]] = deque()
+    in_wait = 0
     try:
         for batch in batches(frame, SCATTER_BATCH_ROWS):
             column = batch.to_series()
@@ -282,9 +283,11 @@ def _gather_into(held: shard_scatter.HeldShards, frame: pl.LazyFrame, group: Fut
                 raise statistics_mismatch()
             codes = column.to_numpy()
             waiting.append((pool.submit(gather, codes), codes.nbytes))
-            while waiting and (waiting[0][0].done()
-                               or held.held + sum(size for _, size in waiting) > shard_scatter.HELD_BYTES):
-                waiting.popleft()[0].result()
+            in_wait += codes.nbytes
+            while waiting and (waiting[0][0].done() or held.held + in_wait > shard_scatter.HELD_BYTES):
+                gathered, size = waiting.popleft()
+                gathered.result()
+                in_wait -= size
         for gathered, _ in waiting:
             gathered.result()
     finally:
