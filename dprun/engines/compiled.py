@@ -2,12 +2,13 @@
 
 Loops written by hand where numpy needs a dozen passes over a shard, or is slow on some
 processors (each module says why): the light units' totals (`light_units.add_light_units`, from
-the sorted rows `add_light_rows`, and from rows in unit order `add_light_runs`), the heavy units'
-kept pairs' (`ranked_pairs`), a value column's units summed per pair (`pair_units`) and the
-shard's codes sorted (`radix_sort`, where it beats numpy's sort on the processor) are `Passes`; a shard's rows' key codes found by their hashes
-(`key_hashes`) and its distinct units coded densely (`distinct_codes`) are `UnitPasses`, loaded
-apart and only for units coded per shard (`codes.ShardUnits`), so other queries do not pay for
-them; so is the pass that gathers rows into shards in memory (`shard_scatter.group_by_shard`).
+the sorted rows `add_light_rows`, and from rows in unit order `add_light_runs`), the heavy
+units' kept pairs' totals (`ranked_pairs`), a value column's units summed per pair
+(`pair_units`) and the shard's codes sorted (`radix_sort`, where it beats numpy's sort on the
+processor) are `Passes`; a shard's rows' key codes found by their hashes (`key_hashes`) and its
+distinct units coded densely (`distinct_codes`) are `UnitPasses`, loaded apart and only for
+units coded per shard (`codes.ShardUnits`), so other queries do not pay for them; so is the
+pass that gathers rows into shards in memory (`shard_scatter.group_by_shard`).
 numba compiles them (a wheel from the package registry, no compiler on the user's machine)
 for explicit signatures and caches the machine code on disk, so a machine compiles them once;
 compiled, they release the GIL and each worker thread bounds its own shard. Loading `Passes`
